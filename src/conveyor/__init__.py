@@ -1,0 +1,1 @@
+"""conveyor: a data loader for training loops, with torch.utils.data's API."""
