@@ -1,1 +1,62 @@
-"""conveyor: a data loader for training loops, with torch.utils.data's API."""
+"""conveyor: a data loader for training loops, with torch.utils.data's API.
+
+The core speaks numpy and imports no framework; ``conveyor.torch`` is the
+same API returning torch tensors::
+
+    import conveyor                     # numpy batches
+    import conveyor.torch as data       # drop-in for torch.utils.data
+"""
+
+from .collate import PadCollate, default_collate, default_convert, register_collate
+from .dataset import (
+    ChainDataset,
+    ConcatDataset,
+    Dataset,
+    IterableDataset,
+    StackDataset,
+    Subset,
+    TensorDataset,
+    random_split,
+)
+from .loader import DataLoader
+from .rng import derive_seed
+from .sampler import (
+    BatchSampler,
+    DistributedSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    TokenBudgetBatchSampler,
+    WeightedRandomSampler,
+)
+from ._engine.worker import WorkerInfo, get_worker_info
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchSampler",
+    "ChainDataset",
+    "ConcatDataset",
+    "DataLoader",
+    "Dataset",
+    "DistributedSampler",
+    "IterableDataset",
+    "PadCollate",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "StackDataset",
+    "Subset",
+    "SubsetRandomSampler",
+    "TensorDataset",
+    "TokenBudgetBatchSampler",
+    "WeightedRandomSampler",
+    "WorkerInfo",
+    "default_collate",
+    "default_convert",
+    "derive_seed",
+    "get_worker_info",
+    "random_split",
+    "register_collate",
+]

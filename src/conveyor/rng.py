@@ -121,11 +121,27 @@ class NumpySource:
         return int(self.generator.integers(0, _MASK63, dtype=np.int64))
 
     def get_state(self) -> Any:
-        """JSON-serialisable state of the bit generator."""
-        return self.generator.bit_generator.state
+        """JSON-serialisable state of the bit generator.
+
+        Bit generators other than PCG64 keep arrays in their state (MT19937's
+        key, SFC64's words); those come back as lists, which ``set_state``
+        accepts as they are.
+        """
+        return _plain(self.generator.bit_generator.state)
 
     def set_state(self, state: Any) -> None:
         self.generator.bit_generator.state = state
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with numpy arrays and scalars turned into lists and ints."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 class TorchSource:
@@ -133,10 +149,15 @@ class TorchSource:
     ``torch.utils.data`` does so that orders match for the same state."""
 
     def __init__(self, generator: Any):
-        import torch
+        import torch  # noqa: F401  (fails here, not at the first draw, without torch)
 
-        self._torch = torch
         self.generator = generator
+
+    @property
+    def _torch(self) -> Any:
+        # Looked up, not stored: a module attribute would make the source,
+        # and every sampler holding one, impossible to pickle or deepcopy.
+        return sys.modules["torch"]
 
     @classmethod
     def from_seed(cls, seed: int) -> "TorchSource":

@@ -1,0 +1,402 @@
+"""Executors: who runs fetch + collate for each planned batch.
+
+    loader iterator ──begin_epoch(tasks)──▶ Executor ──next_batch()──▶ batch
+                                             │
+      InProcessExecutor: loads each batch in the calling thread (num_workers=0)
+      ProcessExecutor:   dispatch ──Task──▶ worker 0..N-1 ──Batch──▶ collect ──▶ reorder
+                         waits on result pipes AND worker sentinels, so a dead
+                         worker is noticed the moment it dies
+
+Both take the same tasks (batch index, sample indices, batch seed) and give
+the same batches, whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_ready
+from typing import Any, Callable, Iterator, Optional
+
+from .errors import WorkerDiedError, describe_exit, describe_indices, rebuild_exception
+from .fetch import EndOfData, FetchSpec, fetch_in_main, make_fetcher
+from .launch import Channels, WorkerProcess, deliver_config, pickle_config, start_worker
+from .messages import Batch, Exhausted, InitFailed, Stop, Task, TaskFailed
+from .pickling import check_picklable
+from .worker import WorkerConfig, _send, receive
+
+#: After Stop, how long workers get to finish and exit before they are killed.
+#: Short: workers hold nothing that needs a graceful end, and users wait on it.
+_STOP_GRACE_S = 0.5
+#: How long to wait for a killed worker to be reaped (the kernel is quick).
+_REAP_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """One batch of the plan: its position in the epoch, its indices, its seed."""
+
+    batch_index: int
+    indices: Any
+    seed: Optional[int]
+
+
+class Lifecycle(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    BROKEN = "broken"
+    CLOSED = "closed"
+
+
+class InProcessExecutor:
+    """Loads each batch in the caller's thread (``num_workers=0``)."""
+
+    def __init__(self, spec: FetchSpec):
+        self._fetcher = make_fetcher(spec)
+        self._tasks: Iterator[PlannedBatch] = iter(())
+
+    def begin_epoch(self, epoch_id: int, tasks: Iterator[PlannedBatch]) -> None:
+        self._tasks = tasks
+        if self._fetcher.spec.iterable:
+            self._fetcher.restart()
+
+    def next_batch(self) -> Any:
+        task = next(self._tasks)  # StopIteration ends the epoch
+        try:
+            return fetch_in_main(self._fetcher, task.indices, task.seed)
+        except EndOfData:
+            raise StopIteration from None
+
+    def shutdown(self) -> None:
+        self._tasks = iter(())
+
+
+@dataclass
+class _Worker:
+    id: int
+    process: WorkerProcess
+    channels: Channels
+    #: (epoch_id, batch_index) of tasks sent and not yet answered, oldest first.
+    outstanding: deque = field(default_factory=deque)
+    #: False once its copy of an iterable dataset ran out this epoch.
+    active: bool = True
+    exited: bool = False
+
+
+@dataclass(frozen=True)
+class ProcessConfig:
+    """How to run the pool; built by the DataLoader from its arguments."""
+
+    spec: FetchSpec
+    num_workers: int
+    start_method: str
+    prefetch_factor: int
+    in_order: bool
+    timeout_s: float
+    worker_init_fn: Optional[Callable[[int], None]]
+    base_seed: int
+
+
+class ProcessExecutor:
+    """Runs fetch + collate in worker processes.
+
+    Keeps at most ``prefetch_factor × num_workers`` batches between dispatch
+    and delivery; delivers in plan order (``in_order=True``) or as batches
+    complete. A failure in user code is raised at that batch's turn and the
+    pool carries on, as in torch; a dead worker breaks the pool, stops every
+    worker and keeps raising the same error.
+    """
+
+    def __init__(self, config: ProcessConfig):
+        self.config = config
+        self.state = Lifecycle.NEW
+        self._workers: list[_Worker] = []
+        self._error: Optional[BaseException] = None
+        self._epoch_id = -1
+        self._tasks: Iterator[PlannedBatch] = iter(())
+        self._plan_done = True
+        self._pending: dict[int, PlannedBatch] = {}
+        self._ready: dict[int, Any] = {}
+        self._skipped: set[int] = set()
+        self._arrivals: deque = deque()
+        self._next_to_deliver = 0
+        self._cycle = itertools.count()
+
+    # ----------------------------------------------------------------- start
+    def start(self) -> None:
+        """Check that what travels can be pickled, then start every worker."""
+        cfg = self.config
+        method = cfg.start_method
+        payload_by_worker: list[Optional[bytes]] = [None] * cfg.num_workers
+        if method != "fork":
+            check_picklable(
+                {"dataset": cfg.spec.dataset, "collate_fn": cfg.spec.collate_fn, "worker_init_fn": cfg.worker_init_fn},
+                method,
+            )
+        try:
+            for wid in range(cfg.num_workers):
+                channels = Channels()
+                worker_config = WorkerConfig(
+                    worker_id=wid,
+                    num_workers=cfg.num_workers,
+                    seed=(cfg.base_seed + wid) & ((1 << 63) - 1),
+                    fetch=cfg.spec,
+                    worker_init_fn=cfg.worker_init_fn,
+                    parent_pid=os.getpid() if method != "forkserver" else None,
+                    close_fds=self._main_fds() + channels.main_fds(),
+                )
+                if method != "fork":
+                    payload_by_worker[wid] = pickle_config(worker_config)
+                process = start_worker(method, worker_config, payload_by_worker[wid], channels)
+                channels.close_worker_ends()
+                self._workers.append(_Worker(wid, process, channels))
+            for worker in self._workers:
+                deliver_config(method, worker.channels, payload_by_worker[worker.id])
+        except BaseException:
+            self.shutdown()
+            raise
+        self.state = Lifecycle.RUNNING
+
+    def _main_fds(self) -> tuple:
+        return tuple(fd for w in self._workers for fd in w.channels.main_fds())
+
+    # ----------------------------------------------------------------- epoch
+    def begin_epoch(self, epoch_id: int, tasks: Iterator[PlannedBatch]) -> None:
+        """Start a new pass; results of an abandoned pass are dropped on arrival."""
+        self._raise_if_unusable()
+        self._epoch_id = epoch_id
+        self._tasks = tasks
+        self._plan_done = False
+        self._pending.clear()
+        self._ready.clear()
+        self._skipped.clear()
+        self._arrivals.clear()
+        self._next_to_deliver = 0
+        for worker in self._workers:
+            worker.active = True
+
+    def next_batch(self) -> Any:
+        """The next batch of this epoch; StopIteration at its end."""
+        self._raise_if_unusable()
+        deadline = time.monotonic() + self.config.timeout_s if self.config.timeout_s > 0 else None
+        try:
+            while True:
+                found, item = self._take_ready()
+                if found:
+                    return self._deliver(item)
+                self._dispatch()
+                if self._plan_done and not self._pending:
+                    raise StopIteration
+                self._wait(deadline)
+        except KeyboardInterrupt:
+            self.shutdown()
+            raise
+
+    # ------------------------------------------------------------- dispatch
+    def _in_flight(self) -> int:
+        return len(self._pending)
+
+    def _dispatch(self) -> None:
+        limit = self.config.prefetch_factor * self.config.num_workers
+        while not self._plan_done and self._in_flight() < limit:
+            worker = self._choose_worker()
+            if worker is None:
+                if not any(w.active for w in self._workers):
+                    self._plan_done = True
+                return
+            try:
+                planned = next(self._tasks)
+            except StopIteration:
+                self._plan_done = True
+                return
+            self._send_task(worker, planned)
+
+    def _choose_worker(self) -> Optional[_Worker]:
+        active = [w for w in self._workers if w.active and not w.exited]
+        if not active:
+            return None
+        turn = next(self._cycle)
+        if self.config.spec.iterable:
+            # Round robin, as torch: which worker serves a batch decides its content.
+            return active[turn % len(active)]
+        # Map-style: the least busy worker; content does not depend on it.
+        return min(active, key=lambda w: (len(w.outstanding), (w.id - turn) % len(self._workers)))
+
+    def _send_task(self, worker: _Worker, planned: PlannedBatch) -> None:
+        task = Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices)
+        try:
+            _send(worker.channels.tasks, task)
+        except (BrokenPipeError, OSError):
+            self._on_worker_exit(worker)
+            return
+        worker.outstanding.append((self._epoch_id, planned.batch_index))
+        self._pending[planned.batch_index] = planned
+
+    # ------------------------------------------------------------- collect
+    def _wait(self, deadline: Optional[float]) -> None:
+        live = [w for w in self._workers if not w.exited]
+        by_handle: dict[Any, _Worker] = {}
+        for w in live:
+            by_handle[w.channels.results] = w
+            by_handle[w.process.sentinel] = w
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready = wait_ready(list(by_handle), timeout)
+        if not ready:
+            self._on_timeout()
+        exited = []
+        for handle in ready:
+            worker = by_handle[handle]
+            if handle is worker.channels.results:
+                self._drain(worker)
+            else:
+                exited.append(worker)
+        for worker in exited:
+            self._drain(worker)
+            self._on_worker_exit(worker)
+
+    def _drain(self, worker: _Worker) -> None:
+        conn = worker.channels.results
+        try:
+            while not conn.closed and conn.poll():
+                self._handle(worker, receive(conn))
+        except (EOFError, OSError):
+            pass  # the sentinel tells whether it died
+
+    def _handle(self, worker: _Worker, message: Any) -> None:
+        if isinstance(message, InitFailed):
+            self._fail(rebuild_exception(message.failure, f"(conveyor: while starting worker {message.worker_id}, pid {worker.process.pid})"))
+        if worker.outstanding:
+            worker.outstanding.popleft()
+        if message.epoch_id != self._epoch_id or message.batch_index not in self._pending:
+            return  # a result of an abandoned epoch
+        if isinstance(message, Exhausted):
+            worker.active = False
+            self._pending.pop(message.batch_index)
+            self._skipped.add(message.batch_index)
+            self._arrivals.append(message.batch_index)
+            return
+        self._ready[message.batch_index] = message
+        self._arrivals.append(message.batch_index)
+
+    def _take_ready(self) -> tuple[bool, Any]:
+        if self.config.in_order:
+            while self._next_to_deliver in self._skipped:
+                self._skipped.discard(self._next_to_deliver)
+                self._next_to_deliver += 1
+            index = self._next_to_deliver
+            if index in self._ready:
+                self._next_to_deliver += 1
+                self._pending.pop(index, None)
+                return True, self._ready.pop(index)
+            return False, None
+        while self._arrivals:
+            index = self._arrivals.popleft()
+            if index in self._ready:
+                self._pending.pop(index, None)
+                return True, self._ready.pop(index)
+        return False, None
+
+    def _deliver(self, message: Any) -> Any:
+        if isinstance(message, TaskFailed):
+            context = (
+                f"(conveyor: worker pid {message.failure.pid}, batch {message.batch_index}, "
+                f"{describe_indices(message.indices)})"
+            )
+            err = rebuild_exception(message.failure, context)
+            try:
+                err.batch_index = message.batch_index
+                err.indices = message.indices
+            except AttributeError:
+                pass
+            raise err
+        return message.data
+
+    # ------------------------------------------------------------- failures
+    def _busy_text(self) -> str:
+        parts = []
+        for w in self._workers:
+            current = [b for e, b in w.outstanding if e == self._epoch_id and b in self._pending]
+            if current:
+                planned = self._pending[current[0]]
+                parts.append(
+                    f"worker {w.id} (pid {w.process.pid}) on batch {current[0]} ({describe_indices(planned.indices)})"
+                )
+        return "; ".join(parts) if parts else "no worker had a batch in hand"
+
+    def _on_timeout(self) -> None:
+        raise RuntimeError(
+            f"DataLoader timed out after {self.config.timeout_s} seconds. (conveyor: still busy: "
+            f"{self._busy_text()}. Raise timeout=, or look for a slow or stuck sample.)"
+        )
+
+    def _on_worker_exit(self, worker: _Worker) -> None:
+        worker.exited = True
+        worker.process.join(_REAP_TIMEOUT_S)
+        if self.state is not Lifecycle.RUNNING:
+            return
+        current = [b for e, b in worker.outstanding if e == self._epoch_id and b in self._pending]
+        if current:
+            doing = f"It was loading batch {current[0]} ({describe_indices(self._pending[current[0]].indices)})."
+        else:
+            doing = "It had no batch in hand."
+        text = f"{describe_exit(worker.process.pid, worker.process.exitcode)} (conveyor: worker {worker.id}. {doing})"
+        self._fail(WorkerDiedError(text))
+
+    def _fail(self, error: BaseException) -> None:
+        """The one failure path: remember, stop everything, raise; later
+        calls raise the same error."""
+        self._error = error
+        self.state = Lifecycle.BROKEN
+        self._stop_workers()
+        raise error
+
+    def _raise_if_unusable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self.state is Lifecycle.CLOSED:
+            raise RuntimeError("this DataLoader iterator has been shut down; start a new one with iter(loader)")
+
+    # ------------------------------------------------------------- shutdown
+    def shutdown(self) -> None:
+        """Stop the pool. Safe to call twice, from a finalizer or at exit."""
+        if self.state is not Lifecycle.BROKEN:
+            self.state = Lifecycle.CLOSED
+        self._stop_workers()
+
+    def _stop_workers(self) -> None:
+        """1. ask every worker to stop (non-blocking); 2. drain results and
+        wait up to ``_STOP_GRACE_S``; 3. kill what is left and reap it;
+        4. close pipes and sentinels."""
+        workers, self._workers = self._workers, []
+        if not workers:
+            return
+        for w in workers:  # 1
+            try:
+                os.set_blocking(w.channels.tasks.fileno(), False)
+                _send(w.channels.tasks, Stop())
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + _STOP_GRACE_S  # 2
+        running = [w for w in workers if w.process.exitcode is None]
+        while running and time.monotonic() < deadline:
+            handles = {w.process.sentinel: w for w in running}
+            handles.update({w.channels.results: w for w in running if not w.channels.results.closed})
+            for handle in wait_ready(list(handles), max(0.0, deadline - time.monotonic())):
+                w = handles[handle]
+                if handle is w.channels.results:
+                    try:
+                        while w.channels.results.poll():
+                            w.channels.results.recv_bytes()
+                    except (EOFError, OSError):
+                        w.channels.results.close()
+            running = [w for w in running if w.process.exitcode is None]
+        for w in running:  # 3
+            w.process.kill()
+        for w in workers:
+            w.process.join(_REAP_TIMEOUT_S)
+            w.channels.close()  # 4
+            w.process.close()

@@ -1,0 +1,106 @@
+"""Loading one batch: fetch samples, collate, under the batch's seed.
+
+The same code runs in the main process (``num_workers=0``) and in workers,
+which is what makes a batch the same whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+from .. import rng
+from ..dataset import fetch_many
+
+
+class EndOfData(Exception):
+    """An iterable dataset ran out (inside the fetcher; never reaches users)."""
+
+
+@dataclass(frozen=True)
+class FetchSpec:
+    """What a fetcher needs; one object, shared by the main process and workers."""
+
+    dataset: Any
+    iterable: bool
+    auto_collation: bool
+    batch_size: Optional[int]
+    drop_last: bool
+    collate_fn: Callable[[Any], Any]
+
+
+class MapFetcher:
+    """Map-style dataset: a task's indices name the samples."""
+
+    def __init__(self, spec: FetchSpec):
+        self.spec = spec
+
+    def fetch(self, indices: Any) -> Any:
+        spec = self.spec
+        if spec.auto_collation:
+            return spec.collate_fn(fetch_many(spec.dataset, indices))
+        return spec.collate_fn(spec.dataset[indices])
+
+
+class IterableFetcher:
+    """Iterable dataset: each task takes the next ``batch_size`` items of
+    this process's iterator (one item when batching is off)."""
+
+    def __init__(self, spec: FetchSpec):
+        self.spec = spec
+        self._iterator: Optional[Iterator[Any]] = None
+        self.ended = False
+
+    def restart(self) -> None:
+        """Begin a new pass over the dataset (a new epoch)."""
+        self._iterator = iter(self.spec.dataset)
+        self.ended = False
+
+    def fetch(self, indices: Any) -> Any:
+        spec = self.spec
+        if self._iterator is None:
+            self.restart()
+        if self.ended:
+            raise EndOfData
+        if not spec.auto_collation:
+            try:
+                item = next(self._iterator)
+            except StopIteration:
+                self.ended = True
+                raise EndOfData from None
+            return spec.collate_fn(item)
+        samples = []
+        for _ in range(spec.batch_size):
+            try:
+                samples.append(next(self._iterator))
+            except StopIteration:
+                self.ended = True
+                break
+        if not samples or (spec.drop_last and len(samples) < spec.batch_size):
+            raise EndOfData
+        return spec.collate_fn(samples)
+
+
+def make_fetcher(spec: FetchSpec):
+    return IterableFetcher(spec) if spec.iterable else MapFetcher(spec)
+
+
+def fetch_seeded(fetcher, indices: Any, seed: Optional[int]) -> Any:
+    """Seed ``random``, ``numpy.random`` and torch (when loaded) with the
+    batch's seed, then load the batch. ``seed=None`` leaves them alone."""
+    if seed is not None:
+        rng.seed_global_generators(seed)
+    return fetcher.fetch(indices)
+
+
+def fetch_in_main(fetcher, indices: Any, seed: Optional[int]) -> Any:
+    """Like :func:`fetch_seeded`, but puts the caller's global generator
+    states back afterwards: in the main process they belong to the training
+    loop (dropout masks, its own shuffles), which must not see them move."""
+    if seed is None:
+        return fetcher.fetch(indices)
+    saved = rng.global_generator_states()
+    try:
+        return fetch_seeded(fetcher, indices, seed)
+    finally:
+        rng.restore_global_generators(saved)

@@ -1,0 +1,91 @@
+"""Messages between the main process and the workers.
+
+Every message is a named frozen dataclass; nothing is told apart by a tuple's
+length or position. They are pickled on the way, so they hold plain values.
+
+    main ──Task / Stop──────────────────────────▶ worker
+    main ◀──Batch / TaskFailed / Exhausted / InitFailed── worker
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class Task:
+    """Load one batch.
+
+    ``epoch_id`` counts iterations of the loader so that results of an
+    abandoned epoch are recognised and dropped; ``seed`` is the batch's seed
+    (see :func:`conveyor.rng.derive_seed`); ``indices`` are the sampler's
+    output for this batch (a list of indices, one index, or ``None`` for an
+    iterable dataset).
+    """
+
+    epoch_id: int
+    batch_index: int
+    seed: int
+    indices: Any
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Finish: leave the loop and exit cleanly."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A loaded batch."""
+
+    epoch_id: int
+    batch_index: int
+    worker_id: int
+    data: Any
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    """An iterable dataset's copy in this worker has no more data this epoch."""
+
+    epoch_id: int
+    batch_index: int
+    worker_id: int
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An exception raised by user code, carried with its context.
+
+    ``exception`` is the original exception when it could be pickled, else
+    ``None`` (the type name and the formatted traceback always travel).
+    """
+
+    worker_id: Optional[int]
+    pid: int
+    where: str
+    exc_type_name: str
+    exc_module: str
+    traceback_text: str
+    exception: Any = None
+
+
+@dataclass(frozen=True)
+class TaskFailed:
+    """Loading a batch raised; the worker carries on with its next task."""
+
+    epoch_id: int
+    batch_index: int
+    worker_id: int
+    indices: Any
+    failure: Failure
+
+
+@dataclass(frozen=True)
+class InitFailed:
+    """Set-up raised (unpickling the config, seeding, ``worker_init_fn``);
+    the worker exits after sending this."""
+
+    worker_id: int
+    failure: Failure

@@ -1,0 +1,99 @@
+"""Finding what cannot be pickled, before any worker starts.
+
+Under spawn and forkserver the dataset, ``collate_fn`` and ``worker_init_fn``
+travel to workers cloudpickled. When that fails, the user needs the attribute
+path of the culprit (``dataset.handle`` → ``_thread.lock``), not a bare
+"cannot pickle '_thread.lock' object" from deep inside pickle.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+from typing import Any, Iterator, Optional
+
+import cloudpickle
+
+#: How deep to look for the culprit; deep enough for datasets wrapping datasets.
+_MAX_DEPTH = 8
+
+
+def _dumps(obj: Any) -> None:
+    cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield f"{path}[{key!r}]", value
+        return
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        for i, value in enumerate(obj):
+            yield f"{path}[{i}]", value
+        return
+    if isinstance(obj, functools.partial):
+        yield f"{path}.func", obj.func
+        for i, value in enumerate(obj.args):
+            yield f"{path}.args[{i}]", value
+        for key, value in obj.keywords.items():
+            yield f"{path}.keywords[{key!r}]", value
+        return
+    if hasattr(obj, "__self__") and not isinstance(obj, type):
+        yield f"{path}.__self__", obj.__self__
+    closure = getattr(obj, "__closure__", None)
+    if closure:
+        names = obj.__code__.co_freevars
+        for name, cell in zip(names, closure):
+            try:
+                yield f"{path}.<closure {name}>", cell.cell_contents
+            except ValueError:
+                continue
+    state = getattr(obj, "__dict__", None)
+    if isinstance(state, dict) and not isinstance(obj, type):
+        for key, value in state.items():
+            yield f"{path}.{key}", value
+    for slot in getattr(type(obj), "__slots__", ()):
+        if isinstance(slot, str) and hasattr(obj, slot):
+            yield f"{path}.{slot}", getattr(obj, slot)
+
+
+def find_unpicklable(obj: Any, path: str, depth: int = 0) -> Optional[tuple[str, Any]]:
+    """The deepest ``(path, object)`` under ``obj`` that fails to pickle,
+    or ``None`` when ``obj`` pickles."""
+    try:
+        _dumps(obj)
+        return None
+    except Exception:
+        pass
+    if depth < _MAX_DEPTH:
+        for child_path, child in _children(obj, path):
+            found = find_unpicklable(child, child_path, depth + 1)
+            if found is not None:
+                return found
+    return path, obj
+
+
+def check_picklable(named: dict[str, Any], start_method: str) -> None:
+    """Raise, naming the culprit's path and type, if anything in ``named``
+    cannot be sent to a worker started with ``start_method``."""
+    for name, obj in named.items():
+        try:
+            _dumps(obj)
+            continue
+        except Exception as exc:
+            original = exc
+        path, culprit = find_unpicklable(obj, name) or (name, obj)
+        kind = f"{type(culprit).__module__}.{type(culprit).__qualname__}"
+        message = (
+            f"{original} (conveyor: cannot send {name} to worker processes started with "
+            f"{start_method!r}: {path} is a {kind}, which cannot be pickled. Open such resources "
+            f"lazily inside the worker (in __getitem__/__iter__ or worker_init_fn), leave them out "
+            f"of the pickled state with __getstate__/__setstate__, or use "
+            f"multiprocessing_context='fork'.)"
+        )
+        error_type = type(original) if isinstance(original, (TypeError, pickle.PicklingError, AttributeError)) else TypeError
+        try:
+            err = error_type(message)
+        except Exception:
+            err = TypeError(message)
+        raise err from original

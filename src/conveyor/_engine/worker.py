@@ -1,0 +1,243 @@
+"""The worker process: set up once, then load batches until told to stop.
+
+    main ──Task──▶ [task pipe] ──▶ worker loop ──▶ fetch + collate ──▶ [result pipe] ──Batch──▶ main
+                                      │
+                                      └─ parent watch thread: exits when the main process is gone
+
+Actors:
+  * ``run_worker``: seeds, calls ``worker_init_fn``, then serves tasks in
+    order; an exception in user code becomes a ``TaskFailed`` and the loop goes on.
+  * ``_watch_parent``: a daemon thread; when the parent dies the worker exits
+    at once, even in the middle of a long ``__getitem__``.
+
+Entry points, one per start method: ``fork_entry`` (the config object is
+inherited), ``pickled_entry`` (forkserver: the config arrives cloudpickled) and
+``spawn_main`` (a fresh interpreter started by ``launch.py``; it does not
+re-import the user's ``__main__``).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from .. import rng
+from .errors import capture_failure
+from .fetch import EndOfData, FetchSpec, fetch_seeded, make_fetcher
+from .messages import Batch, Exhausted, InitFailed, Stop, Task, TaskFailed
+
+#: How often a worker checks that its parent is alive. Short enough that
+#: workers of a killed main process are gone well within a second.
+_PARENT_POLL_S = 0.1
+
+
+@dataclass
+class WorkerInfo:
+    """What :func:`get_worker_info` returns inside a worker.
+
+    Attributes:
+        id: this worker's id, ``0 <= id < num_workers``.
+        num_workers: how many workers the loader runs.
+        seed: the seed this worker's generators got at start
+            (``base_seed + id``, as in torch).
+        dataset: this process's copy of the dataset.
+    """
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if getattr(self, "_frozen", False):
+            raise RuntimeError(f"Cannot assign attributes to {type(self).__name__} objects")
+        super().__setattr__(key, value)
+
+
+_worker_info: Optional[WorkerInfo] = None
+
+
+def get_worker_info() -> Optional[WorkerInfo]:
+    """Information about the current worker, or ``None`` in the main process.
+
+    Use it in an ``IterableDataset.__iter__`` or a ``worker_init_fn`` to give
+    each worker its own share of the data::
+
+        info = get_worker_info()
+        if info is None:          # loading in the main process
+            start, step = 0, 1
+        else:
+            start, step = info.id, info.num_workers
+    """
+    return _worker_info
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs, in one object."""
+
+    worker_id: int
+    num_workers: int
+    seed: int
+    fetch: FetchSpec
+    worker_init_fn: Optional[Callable[[int], None]]
+    parent_pid: Optional[int]
+    close_fds: tuple = ()
+
+
+def _set_worker_info(config: WorkerConfig) -> None:
+    global _worker_info
+    info = WorkerInfo(config.worker_id, config.num_workers, config.seed, config.fetch.dataset)
+    object.__setattr__(info, "_frozen", True)
+    _worker_info = info
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # Datasets written for torch ask torch.utils.data.get_worker_info()
+        # to shard themselves; answer them too.
+        try:
+            from torch.utils.data._utils import worker as torch_worker
+
+            torch_worker._worker_info = torch_worker.WorkerInfo(
+                id=config.worker_id, num_workers=config.num_workers, seed=config.seed, dataset=config.fetch.dataset
+            )
+        except Exception:  # an unusual torch build: conveyor's own answer still works
+            pass
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(_PARENT_POLL_S)
+        if os.getppid() != parent_pid:
+            os._exit(0)
+
+
+def _start_parent_watch(parent_pid: Optional[int]) -> None:
+    expected = os.getppid() if parent_pid is None else parent_pid
+    if os.getppid() != expected:
+        os._exit(0)
+    threading.Thread(target=_watch_parent, args=(expected,), name="conveyor-parent-watch", daemon=True).start()
+
+
+def _send(conn, message: Any) -> None:
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _send_result(conn, message: Any, task: Task) -> None:
+    try:
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        failure = capture_failure(message.worker_id, f"in DataLoader worker process {message.worker_id}")
+        payload = pickle.dumps(
+            TaskFailed(task.epoch_id, task.batch_index, message.worker_id, task.indices, failure),
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+    conn.send_bytes(payload)
+
+
+def receive(conn) -> Any:
+    """Read one message sent by :func:`_send` (either direction)."""
+    return pickle.loads(conn.recv_bytes())
+
+
+def run_worker(config: WorkerConfig, task_conn, result_conn) -> None:
+    """Serve tasks until ``Stop``, end of the task pipe, or the parent's death."""
+    wid = config.worker_id
+    where = f"in DataLoader worker process {wid}"
+    try:
+        rng.seed_global_generators(config.seed)
+        _set_worker_info(config)
+        if config.worker_init_fn is not None:
+            config.worker_init_fn(wid)
+        fetcher = make_fetcher(config.fetch)
+    except Exception:
+        _send(result_conn, InitFailed(wid, capture_failure(wid, where)))
+        return
+    epoch_id = None
+    while True:
+        try:
+            task = receive(task_conn)
+        except (EOFError, OSError):
+            return
+        if isinstance(task, Stop):
+            return
+        if task.epoch_id != epoch_id:
+            epoch_id = task.epoch_id
+            if config.fetch.iterable:
+                fetcher.restart()
+        try:
+            data = fetch_seeded(fetcher, task.indices, task.seed)
+            message: Any = Batch(task.epoch_id, task.batch_index, wid, data)
+        except EndOfData:
+            message = Exhausted(task.epoch_id, task.batch_index, wid)
+        except Exception:
+            message = TaskFailed(task.epoch_id, task.batch_index, wid, task.indices, capture_failure(wid, where))
+        try:
+            _send_result(result_conn, message, task)
+        except (BrokenPipeError, OSError):
+            return
+        data = message = None  # let the batch go before waiting for the next task
+
+
+def _worker_main(config: WorkerConfig, task_conn, result_conn) -> None:
+    # Ctrl-C reaches the whole process group; the main process raises
+    # KeyboardInterrupt and stops the workers, so a worker leaves quietly.
+    try:
+        _start_parent_watch(config.parent_pid)
+        run_worker(config, task_conn, result_conn)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        # Skip interpreter teardown: nothing of the worker's needs it, and
+        # it can hang on threads or buffers left by user code.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def fork_entry(config: WorkerConfig, task_conn, result_conn) -> None:
+    """Entry under ``fork``: close the main process's ends of every pipe
+    this child inherited, so that end-of-file means what it says."""
+    for fd in config.close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _worker_main(config, task_conn, result_conn)
+
+
+def _config_failed(worker_id: int, result_conn) -> None:
+    _send(result_conn, InitFailed(worker_id, capture_failure(worker_id, f"in DataLoader worker process {worker_id}")))
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def pickled_entry(worker_id: int, payload: bytes, task_conn, result_conn) -> None:
+    """Entry under ``forkserver``: the config arrives cloudpickled."""
+    try:
+        config = pickle.loads(payload)
+    except Exception:
+        _config_failed(worker_id, result_conn)
+    _worker_main(config, task_conn, result_conn)
+
+
+def spawn_main() -> None:
+    """Entry of a worker in a fresh interpreter (``python -c``): file
+    descriptors come in argv, then a header and the cloudpickled config
+    arrive on the task pipe."""
+    from multiprocessing.connection import Connection
+
+    task_fd, result_fd, worker_id = (int(a) for a in sys.argv[1:4])
+    task_conn = Connection(task_fd, writable=False)
+    result_conn = Connection(result_fd, readable=False)
+    try:
+        header = receive(task_conn)
+        sys.path[:] = header["sys_path"]
+        config = pickle.loads(task_conn.recv_bytes())
+    except Exception:
+        _config_failed(worker_id, result_conn)
+    _worker_main(config, task_conn, result_conn)

@@ -1,0 +1,535 @@
+"""Datasets: the protocol conveyor reads, and helpers that compose datasets.
+
+A dataset is any object with one of two shapes; nothing requires subclassing,
+so ``torch.utils.data`` datasets work as they are::
+
+    map-style       dataset[i] -> sample      (+ len(dataset), optional __getitems__)
+    iterable-style  iter(dataset) -> samples  (a stream; it shards itself per worker)
+
+:func:`is_map_dataset` and :func:`is_iterable_dataset` tell the two apart
+without importing torch; :func:`fetch_many` is how the loader reads one batch
+of a map-style dataset.
+
+The helpers keep ``torch.utils.data``'s names and behaviour (same samples,
+lengths and error types) and accept numpy arrays wherever torch takes tensors:
+
+* :class:`TensorDataset`  — rows of equally long arrays or tensors;
+* :class:`StackDataset`   — samples of several datasets side by side;
+* :class:`ConcatDataset`  — map-style datasets one after another;
+* :class:`ChainDataset`   — iterable datasets one after another;
+* :class:`Subset`         — a dataset seen through a list of indices;
+* :func:`random_split`    — non-overlapping random subsets.
+
+Where torch raises ``AssertionError`` for bad arguments, conveyor raises an
+error that is both the ``ValueError``/``TypeError`` its own convention asks for
+and an ``AssertionError``, so ``except`` clauses written for either keep working.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import operator
+import sys
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+from typing import Iterable as _IterableBase  # noqa: UP035  (same MRO as torch's IterableDataset, so the façade can inherit both)
+
+from conveyor.rng import source_for
+
+__all__ = [
+    "Dataset",
+    "IterableDataset",
+    "TensorDataset",
+    "StackDataset",
+    "ConcatDataset",
+    "ChainDataset",
+    "Subset",
+    "random_split",
+    "is_iterable_dataset",
+    "is_map_dataset",
+    "fetch_many",
+]
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class _InvalidDatasetArgument(ValueError, AssertionError):
+    """A bad value where torch raises ``AssertionError`` (caught by either name)."""
+
+
+class _UnsupportedDatasetKind(TypeError, AssertionError):
+    """A dataset of the wrong style where torch raises ``AssertionError``."""
+
+
+# ---------------------------------------------------------------------------
+# Base classes
+# ---------------------------------------------------------------------------
+
+
+class Dataset(Generic[T_co]):
+    """Base class of map-style datasets: ``dataset[key]`` returns one sample.
+
+    Subclasses implement ``__getitem__`` and usually ``__len__`` (samplers need
+    it). They may add ``__getitems__(indices) -> list`` to read a whole batch
+    at once; the loader then calls it instead of ``__getitem__`` per index.
+    ``a + b`` concatenates two datasets (:class:`ConcatDataset`)::
+
+        >>> class Squares(Dataset):
+        ...     def __getitem__(self, i): return i * i
+        ...     def __len__(self): return 4
+        >>> (Squares() + Squares())[5]
+        1
+    """
+
+    # No __getitems__ here on purpose: its presence is what tells the loader
+    # that a dataset reads batches natively (see fetch_many).
+
+    def __getitem__(self, index: Any) -> T_co:
+        raise NotImplementedError(
+            f"Subclasses of Dataset should implement __getitem__. "
+            f"{type(self).__name__} does not."
+        )
+
+    def __add__(self, other: Dataset[T_co]) -> ConcatDataset[T_co]:
+        return ConcatDataset([self, other])
+
+
+class IterableDataset(Dataset[T_co], _IterableBase[T_co]):
+    """Base class of iterable-style datasets: ``iter(dataset)`` yields samples.
+
+    Subclasses implement ``__iter__`` (the class is abstract until they do).
+    With worker processes every worker iterates its own copy, so the dataset
+    should shard itself, e.g. with ``get_worker_info()``. ``a + b`` chains two
+    streams (:class:`ChainDataset`)::
+
+        >>> class Count(IterableDataset):
+        ...     def __init__(self, n): self.n = n
+        ...     def __iter__(self): return iter(range(self.n))
+        >>> list(Count(2) + Count(3))
+        [0, 1, 0, 1, 2]
+    """
+
+    def __add__(self, other: Dataset[T_co]) -> ChainDataset:  # type: ignore[override]
+        return ChainDataset([self, other])
+
+
+# ---------------------------------------------------------------------------
+# Telling dataset styles apart (duck typing, torch never imported)
+# ---------------------------------------------------------------------------
+
+
+def _type_defines(obj: Any, method: str) -> bool:
+    # Special methods are looked up on the type, and `__iter__ = None` is
+    # Python's way of saying "not iterable", hence callable() on the type.
+    return callable(getattr(type(obj), method, None))
+
+
+def _torch_iterable_dataset_class() -> type | None:
+    module = sys.modules.get("torch.utils.data")
+    return getattr(module, "IterableDataset", None) if module is not None else None
+
+
+def is_iterable_dataset(obj: Any) -> bool:
+    """True when the loader should read ``obj`` by iterating it.
+
+    That is: an :class:`IterableDataset`, a ``torch.utils.data.IterableDataset``
+    (checked only when torch is already loaded: otherwise no object can be
+    one), or any object with ``__iter__`` but no ``__getitem__`` (a generator,
+    a custom stream). Objects with both, such as lists and arrays, are
+    map-style::
+
+        >>> is_iterable_dataset(x for x in range(3)), is_iterable_dataset([1, 2])
+        (True, False)
+    """
+    if isinstance(obj, IterableDataset):
+        return True
+    torch_iterable = _torch_iterable_dataset_class()
+    if torch_iterable is not None and isinstance(obj, torch_iterable):
+        return True
+    return _type_defines(obj, "__iter__") and not _type_defines(obj, "__getitem__")
+
+
+def is_map_dataset(obj: Any) -> bool:
+    """True when the loader should read ``obj`` by index: it has
+    ``__getitem__`` and is not iterable-style by :func:`is_iterable_dataset`.
+
+    ``__len__`` is not required (a custom sampler may supply the keys)::
+
+        >>> is_map_dataset([1, 2]), is_map_dataset({"a": 1}), is_map_dataset(iter([1]))
+        (True, True, False)
+    """
+    return _type_defines(obj, "__getitem__") and not is_iterable_dataset(obj)
+
+
+def _is_batch_sequence(items: Any) -> bool:
+    """A sequence of samples: list, tuple, any Sequence, an array or a tensor."""
+    if isinstance(items, (str, bytes, Mapping)):
+        return False
+    if isinstance(items, Sequence):
+        return True
+    # ndarrays and tensors index and measure like sequences without registering.
+    return _type_defines(items, "__len__") and _type_defines(items, "__getitem__")
+
+
+def _read_batch(dataset: Any, indices: Sequence[Any], mismatch: str) -> list[Any]:
+    """Samples at ``indices``, through ``__getitems__`` when ``dataset`` has it.
+
+    ``mismatch`` opens the error raised when ``__getitems__`` does not return
+    one sample per index.
+    """
+    getitems = getattr(dataset, "__getitems__", None)
+    if not callable(getitems):
+        return [dataset[i] for i in indices]
+    items = getitems(indices)
+    name = type(dataset).__name__
+    if not _is_batch_sequence(items):
+        raise TypeError(
+            f"{name}.__getitems__ returned {type(items).__name__}; it must return a "
+            f"sequence (e.g. a list) with one sample per index, in order"
+        )
+    if len(items) != len(indices):
+        raise ValueError(
+            f"{mismatch} Expected {len(indices)}, got {len(items)}: {name}.__getitems__ "
+            f"must return one sample per index, in order"
+        )
+    return items if isinstance(items, list) else list(items)
+
+
+def fetch_many(dataset: Any, indices: Sequence[Any]) -> Any:
+    """The samples of a map-style ``dataset`` at ``indices``.
+
+    Calls ``dataset.__getitems__(indices)`` when the dataset defines it (one
+    call per batch, as torch's fetcher does) and returns its result as it is,
+    so a ``__getitems__`` that returns an already-batched object (a dict of
+    columns, say) can pair with a ``collate_fn`` that expects it, as in torch.
+    Otherwise ``[dataset[i] for i in indices]``::
+
+        >>> fetch_many(["a", "b", "c"], [2, 0])
+        ['c', 'a']
+    """
+    getitems = getattr(dataset, "__getitems__", None)
+    if callable(getitems):
+        return getitems(indices)
+    return [dataset[i] for i in indices]
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+
+def _first_dim(array: Any, position: int) -> int:
+    shape = getattr(array, "shape", None)
+    if shape is None:
+        raise TypeError(
+            f"TensorDataset takes numpy arrays or torch tensors; argument {position} "
+            f"is a {type(array).__name__} (wrap it with numpy.asarray)"
+        )
+    return shape[0]
+
+
+class TensorDataset(Dataset[tuple]):
+    """Rows of arrays: sample ``i`` is ``tuple(a[i] for a in tensors)``.
+
+    Takes numpy arrays, torch tensors or a mix, all with the same first
+    dimension. Torch tensors stay tensors; conveyor never converts them::
+
+        >>> import numpy as np
+        >>> ds = TensorDataset(np.arange(6).reshape(3, 2), np.array([7, 8, 9]))
+        >>> len(ds), [a.tolist() for a in ds[1]]
+        (3, [[2, 3], 8])
+    """
+
+    tensors: tuple
+
+    def __init__(self, *tensors: Any) -> None:
+        if not tensors:
+            raise ValueError("TensorDataset needs at least one array or tensor")
+        sizes = [_first_dim(t, position) for position, t in enumerate(tensors)]
+        if any(size != sizes[0] for size in sizes):
+            raise _InvalidDatasetArgument(
+                f"Size mismatch between tensors: first dimensions are {sizes}; "
+                f"all must be equal"
+            )
+        self.tensors = tensors
+
+    def __getitem__(self, index: Any) -> tuple:
+        return tuple(tensor[index] for tensor in self.tensors)
+
+    def __len__(self) -> int:
+        return int(self.tensors[0].shape[0])
+
+
+def _common_length(datasets: Sequence[Any], names: Sequence[str]) -> int:
+    lengths = [len(d) for d in datasets]
+    if any(length != lengths[0] for length in lengths):
+        listed = ", ".join(f"{name}={length}" for name, length in zip(names, lengths))
+        raise ValueError(f"Size mismatch between datasets: lengths are {listed}")
+    return lengths[0]
+
+
+class StackDataset(Dataset):
+    """Several equally long datasets side by side.
+
+    Positional datasets give tuple samples, keyword datasets dict samples::
+
+        >>> StackDataset([1, 2], ["a", "b"])[1]
+        (2, 'b')
+        >>> StackDataset(x=[1, 2], y=["a", "b"])[0]
+        {'x': 1, 'y': 'a'}
+
+    ``__getitems__`` reads each child with its own ``__getitems__`` when it
+    has one, so batched readers stay batched.
+    """
+
+    datasets: tuple | dict
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if args and kwargs:
+            raise ValueError(
+                "Supported either ``tuple``- (via ``args``) or ``dict``- (via ``kwargs``) "
+                "like input/output, but both types are given. Pass all datasets "
+                "positionally or all by keyword."
+            )
+        if not args and not kwargs:
+            raise ValueError("At least one dataset should be passed")
+        if args:
+            self._length = _common_length(args, [f"args[{i}]" for i in range(len(args))])
+            self.datasets = args
+        else:
+            self._length = _common_length(list(kwargs.values()), list(kwargs))
+            self.datasets = kwargs
+
+    def __getitem__(self, index: Any) -> tuple | dict:
+        if isinstance(self.datasets, dict):
+            return {key: dataset[index] for key, dataset in self.datasets.items()}
+        return tuple(dataset[index] for dataset in self.datasets)
+
+    def __getitems__(self, indices: Sequence[Any]) -> list:
+        if isinstance(self.datasets, dict):
+            columns = {key: self._column(d, indices) for key, d in self.datasets.items()}
+            return [dict(zip(columns, row)) for row in zip(*columns.values())]
+        columns = [self._column(d, indices) for d in self.datasets]
+        return list(zip(*columns))
+
+    @staticmethod
+    def _column(dataset: Any, indices: Sequence[Any]) -> list:
+        return _read_batch(dataset, indices, "Nested dataset's output size mismatch.")
+
+    def __len__(self) -> int:
+        return self._length
+
+
+class ConcatDataset(Dataset[T_co]):
+    """Map-style datasets one after another.
+
+    ``cumulative_sizes[k]`` is the total length of the first ``k + 1``
+    datasets; negative indices count from the end::
+
+        >>> ds = ConcatDataset([[0, 1, 2], [3, 4]])
+        >>> ds.cumulative_sizes, ds[3], ds[-1]
+        ([3, 5], 3, 4)
+    """
+
+    datasets: list
+    cumulative_sizes: list[int]
+
+    @staticmethod
+    def cumsum(sequence: Iterable[Any]) -> list[int]:
+        """Running totals of the lengths of ``sequence``'s items."""
+        return list(itertools.accumulate(len(d) for d in sequence))
+
+    def __init__(self, datasets: Iterable[Any]) -> None:
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise _InvalidDatasetArgument("datasets should not be an empty iterable")
+        for position, dataset in enumerate(self.datasets):
+            if is_iterable_dataset(dataset):
+                raise _UnsupportedDatasetKind(
+                    f"ConcatDataset does not support IterableDataset: datasets[{position}] "
+                    f"is a {type(dataset).__name__}; use ChainDataset to chain streams"
+                )
+        self.cumulative_sizes = self.cumsum(self.datasets)
+
+    def __len__(self) -> int:
+        return self.cumulative_sizes[-1]
+
+    def __getitem__(self, idx: Any) -> T_co:
+        idx = self._absolute(operator.index(idx))
+        dataset_idx = bisect.bisect_right(self.cumulative_sizes, idx)
+        start = self.cumulative_sizes[dataset_idx - 1] if dataset_idx > 0 else 0
+        return self.datasets[dataset_idx][idx - start]
+
+    def _absolute(self, idx: int) -> int:
+        length = len(self)
+        if idx < 0:
+            if -idx > length:
+                raise ValueError(
+                    f"absolute value of index should not exceed dataset length: "
+                    f"index {idx}, length {length}"
+                )
+            return length + idx
+        if idx >= length:
+            # IndexError, as torch's list lookup gives: it ends old-style iteration.
+            raise IndexError(f"index {idx} is out of range for a ConcatDataset of length {length}")
+        return idx
+
+    @property
+    def cummulative_sizes(self) -> list[int]:
+        """Deprecated misspelling of :attr:`cumulative_sizes`, kept for torch code."""
+        warnings.warn(
+            "`cummulative_sizes` attribute is renamed to `cumulative_sizes`",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return self.cumulative_sizes
+
+
+def _require_iterable(dataset: Any) -> None:
+    if not is_iterable_dataset(dataset):
+        raise _UnsupportedDatasetKind(
+            f"ChainDataset only supports IterableDataset, got {type(dataset).__name__}; "
+            f"use ConcatDataset for map-style datasets"
+        )
+
+
+class ChainDataset(IterableDataset):
+    """Iterable datasets one after another, chained as they are iterated.
+
+    ``len()`` is the sum of the members' lengths (each must define it)::
+
+        >>> list(ChainDataset([iter([1, 2]), iter([3])]))
+        [1, 2, 3]
+    """
+
+    def __init__(self, datasets: Iterable[Any]) -> None:
+        # A list, not the iterable itself: a generator argument would chain
+        # only once and could not be pickled to workers.
+        self.datasets = list(datasets)
+
+    def __iter__(self) -> Iterator[Any]:
+        for dataset in self.datasets:
+            _require_iterable(dataset)
+            yield from dataset
+
+    def __len__(self) -> int:
+        for dataset in self.datasets:
+            _require_iterable(dataset)
+        return sum(len(dataset) for dataset in self.datasets)
+
+
+class Subset(Dataset[T_co]):
+    """``dataset`` seen through ``indices``: ``subset[i] == dataset[indices[i]]``.
+
+        >>> s = Subset(["a", "b", "c", "d"], [3, 1])
+        >>> len(s), s[0], s.__getitems__([1, 0])
+        (2, 'd', ['b', 'd'])
+
+    A subclass that overrides ``__getitem__`` must override ``__getitems__``
+    too (the loader reads batches through it), as in torch.
+    """
+
+    dataset: Any
+    indices: Sequence[int]
+
+    def __init__(self, dataset: Any, indices: Sequence[int]) -> None:
+        self.dataset = dataset
+        self.indices = indices
+        cls = type(self)
+        if cls.__getitem__ is not Subset.__getitem__ and cls.__getitems__ is Subset.__getitems__:
+            raise NotImplementedError(
+                f"{cls.__name__} overrides __getitem__ but not __getitems__. The loader "
+                f"reads a Subset's batches through __getitems__, so it would bypass your "
+                f"__getitem__. Add, for example:\n\n"
+                f"def __getitems__(self, indices):\n"
+                f"    return [self[i] for i in indices]"
+            )
+
+    def __getitem__(self, idx: Any) -> T_co:
+        if isinstance(idx, list):
+            return self.dataset[[self.indices[i] for i in idx]]
+        return self.dataset[self.indices[idx]]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[T_co]:
+        """Samples at ``indices``, read through the dataset's ``__getitems__``
+        with the mapped indices when it has one."""
+        return fetch_many(self.dataset, [self.indices[i] for i in indices])
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+# ---------------------------------------------------------------------------
+# random_split
+# ---------------------------------------------------------------------------
+
+
+def _lengths_from_fractions(fractions: Sequence[float], total: int) -> list[int]:
+    """floor(total * fraction) each, then the remainder one by one, round robin."""
+    lengths = []
+    for i, fraction in enumerate(fractions):
+        if fraction < 0 or fraction > 1:
+            raise ValueError(f"Fraction at index {i} is not between 0 and 1 (got {fraction})")
+        lengths.append(math.floor(total * fraction))
+    for i in range(total - sum(lengths)):
+        lengths[i % len(lengths)] += 1
+    for i, length in enumerate(lengths):
+        if length == 0:
+            warnings.warn(
+                f"Length of split at index {i} is 0. This might result in an empty dataset.",
+                stacklevel=4,  # the caller of random_split
+            )
+    return lengths
+
+
+def _as_split_lengths(lengths: Sequence[int | float], total: int) -> list[int]:
+    as_given = list(lengths)
+    # torch also demands sum <= 1, so fractions whose float sum rounds just
+    # above 1 (twenty 0.05s) fall through to a confusing length-sum error
+    # (pytorch/pytorch#128116). Dropping it only accepts inputs torch rejects.
+    if math.isclose(sum(as_given), 1):
+        as_given = _lengths_from_fractions(as_given, total)
+    if sum(as_given) != total:
+        raise ValueError(
+            f"Sum of input lengths does not equal the length of the input dataset! "
+            f"Lengths {as_given} sum to {sum(as_given)}, the dataset has {total} samples; "
+            f"pass lengths that sum to {total} or fractions that sum to 1"
+        )
+    try:
+        ints = [operator.index(length) for length in as_given]
+    except TypeError:
+        raise TypeError(
+            f"random_split lengths must be ints, or fractions that sum to 1; got {as_given}"
+        ) from None
+    if any(length < 0 for length in ints):
+        raise ValueError(f"random_split lengths must not be negative; got {ints}")
+    return ints
+
+
+def random_split(
+    dataset: Any, lengths: Sequence[int | float], generator: Any = None
+) -> list[Subset]:
+    """Split ``dataset`` at random into non-overlapping :class:`Subset` s.
+
+    ``lengths`` are sample counts summing to ``len(dataset)``, or fractions
+    summing to 1: each split then gets ``floor(fraction * len(dataset))`` and
+    the leftover samples go one each to the splits in order, round robin.
+
+    The order comes from ``generator`` (a ``numpy.random.Generator``, a
+    ``torch.Generator``, an int seed, or ``None`` for numpy's global state).
+    With a ``torch.Generator`` the splits equal ``torch.utils.data.random_split``'s
+    for the same generator state::
+
+        >>> a, b = random_split(range(10), [0.3, 0.7], generator=0)
+        >>> len(a), len(b), sorted(list(a) + list(b)) == list(range(10))
+        (3, 7, True)
+    """
+    split_lengths = _as_split_lengths(lengths, len(dataset))
+    order = source_for(generator, "numpy").permutation(sum(split_lengths))
+    ends = itertools.accumulate(split_lengths)
+    return [
+        Subset(dataset, order[end - length : end]) for end, length in zip(ends, split_lengths)
+    ]

@@ -1,0 +1,518 @@
+"""The DataLoader: torch.utils.data's arguments, checked early; an iterator
+that runs the plan through an executor.
+
+    DataLoader(dataset, batch_size, shuffle, sampler, ...)     validates, builds samplers
+      └─ __iter__ → _LoaderIterator
+           plan:     base seed of the epoch, then index sampler → PlannedBatch(i, indices, seed_i)
+           executor: InProcessExecutor (num_workers=0) | ProcessExecutor (workers)
+
+Seeds (one root per epoch): ``base_seed`` is ``derive_seed(seed, epoch)`` when
+``seed=`` is given, else one draw from ``generator`` (or the global generator)
+as torch draws it; batch ``i`` is loaded with ``random``, ``numpy.random`` and
+torch seeded from ``derive_seed(base_seed, i)``, in a worker or in-process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import multiprocessing
+import numbers
+import os
+import sys
+import warnings
+import weakref
+from typing import Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar
+
+from . import collate as _collate
+from . import rng
+from . import sampler as _sampler
+from ._engine.executor import InProcessExecutor, PlannedBatch, ProcessConfig, ProcessExecutor
+from ._engine.fetch import FetchSpec
+from ._engine.launch import START_METHODS, resolve_start_method
+from .dataset import is_iterable_dataset, is_map_dataset
+
+__all__ = ["DataLoader"]
+
+T_co = TypeVar("T_co", covariant=True)
+
+#: Identifies each pass over the data, so a persistent pool drops the
+#: results of an abandoned pass (set_epoch may repeat epoch numbers).
+_pass_ids = itertools.count(1)
+
+_FROZEN_AFTER_INIT = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+
+
+class _InfiniteConstantSampler:
+    """For iterable datasets: an endless stream of ``None`` (the dataset decides)."""
+
+    def __iter__(self) -> Iterator[None]:
+        while True:
+            yield None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_iterable(value: Any, name: str) -> None:
+    if not hasattr(value, "__iter__"):
+        raise TypeError(
+            f"{name} must be iterable (a Sampler or any object with __iter__), got "
+            f"{type(value).__name__}; pass e.g. {name}=SequentialSampler(dataset)"
+        )
+
+
+class DataLoader(Generic[T_co]):
+    """Combines a dataset and a sampler, and iterates over batches.
+
+    Takes torch.utils.data.DataLoader's arguments with the same meaning, plus
+    ``seed``: a root seed from which every shuffle and every worker's random
+    generators derive, so that a run is reproducible and its batches are the
+    same for any ``num_workers``.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from conveyor import DataLoader, TensorDataset
+        >>> ds = TensorDataset(np.arange(10))
+        >>> [b[0].tolist() for b in DataLoader(ds, batch_size=4)]
+        [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+    The core returns numpy arrays; ``conveyor.torch.DataLoader`` returns torch
+    tensors.
+    """
+
+    _flavor = "numpy"
+    _RandomSampler = _sampler.RandomSampler
+    _SequentialSampler = _sampler.SequentialSampler
+    _BatchSampler = _sampler.BatchSampler
+    _default_collate = staticmethod(_collate.default_collate)
+    _default_convert = staticmethod(_collate.default_convert)
+    __initialized = False
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: Optional[int] = 1,
+        shuffle: Optional[bool] = None,
+        sampler: Optional[Iterable] = None,
+        batch_sampler: Optional[Iterable] = None,
+        num_workers: int = 0,
+        collate_fn: Optional[Callable[[Any], Any]] = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Optional[Callable[[int], None]] = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: Optional[int] = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        seed: Optional[int] = None,
+    ) -> None:
+        self._check_workers(num_workers, timeout, prefetch_factor, persistent_workers)
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        iterable = self._check_dataset(dataset)
+        self._check_callables(collate_fn, worker_init_fn)
+        self._check_seed(seed, generator)
+        if iterable:
+            self._check_iterable_options(shuffle, sampler, batch_sampler)
+        else:
+            shuffle = bool(shuffle)
+        if sampler is not None and shuffle:
+            raise ValueError(
+                "sampler option is mutually exclusive with shuffle (conveyor: a sampler decides the "
+                "order itself; pass shuffle=False, or drop sampler= and keep shuffle=True)"
+            )
+        if sampler is not None:
+            _check_iterable(sampler, "sampler")
+        if batch_sampler is not None:
+            _check_iterable(batch_sampler, "batch_sampler")
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and "
+                    "drop_last (conveyor: the batch sampler already decides batches and order; leave "
+                    "those arguments at their defaults)"
+                )
+            batch_size = None
+            drop_last = False
+        elif batch_size is None:
+            if drop_last:
+                raise ValueError(
+                    "batch_size=None option disables auto-batching and is mutually exclusive with "
+                    "drop_last (conveyor: pass drop_last=False, or give a batch_size)"
+                )
+        else:
+            self._check_batch_size(batch_size)
+
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.in_order = in_order
+        self.generator = generator
+        self.seed = seed
+        self._iterable = iterable
+
+        if sampler is None:
+            if iterable:
+                sampler = _InfiniteConstantSampler()
+            elif shuffle:
+                sampler = self._RandomSampler(dataset, generator=generator, seed=seed if generator is None else None)
+            else:
+                sampler = self._SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = self._BatchSampler(sampler, batch_size, drop_last)
+
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        if collate_fn is None:
+            collate_fn = self._default_collate if batch_sampler is not None else self._default_convert
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+        self._epoch = 0
+        self._executor: Optional[ProcessExecutor] = None
+        self._finalizer: Optional[weakref.finalize] = None
+        self._IterableDataset_len_called: Optional[int] = None
+        self.__initialized = True
+        self._warn_worker_count()
+
+    # ------------------------------------------------------------ validation
+    @staticmethod
+    def _check_workers(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: bool) -> None:
+        if not _is_int(num_workers):
+            raise TypeError(f"num_workers must be an int, got {type(num_workers).__name__} ({num_workers!r})")
+        if num_workers < 0:
+            raise ValueError(
+                "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."
+            )
+        if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool):
+            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__} ({timeout!r})")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative (conveyor: 0 waits without limit)")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to "
+                "enable multiprocessing, otherwise set prefetch_factor to None."
+            )
+        if prefetch_factor is not None:
+            if not _is_int(prefetch_factor):
+                raise TypeError(
+                    f"prefetch_factor must be an int, got {type(prefetch_factor).__name__} ({prefetch_factor!r})"
+                )
+            if prefetch_factor < 0:
+                raise ValueError("prefetch_factor option should be non-negative")
+            if prefetch_factor == 0:
+                raise ValueError(
+                    "prefetch_factor=0 would keep no batch in flight and load nothing; use 1 or more "
+                    "(the default is 2)"
+                )
+        if persistent_workers and num_workers == 0:
+            raise ValueError(
+                "persistent_workers option needs num_workers > 0 (conveyor: set num_workers, or drop "
+                "persistent_workers=True)"
+            )
+
+    @staticmethod
+    def _check_dataset(dataset: Any) -> bool:
+        if is_iterable_dataset(dataset):
+            return True
+        if is_map_dataset(dataset):
+            return False
+        raise TypeError(
+            f"dataset must be map-style (with __getitem__ and __len__) or iterable-style (with "
+            f"__iter__), got {type(dataset).__name__} which has neither; subclass "
+            f"conveyor.Dataset or conveyor.IterableDataset, or wrap your data in a list"
+        )
+
+    @staticmethod
+    def _check_callables(collate_fn: Any, worker_init_fn: Any) -> None:
+        for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
+
+    @staticmethod
+    def _check_seed(seed: Any, generator: Any) -> None:
+        if seed is None:
+            return
+        if not _is_int(seed):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__} ({seed!r})")
+        if generator is not None:
+            raise ValueError(
+                "seed and generator are mutually exclusive: both would decide the shuffle; pass one"
+            )
+
+    @staticmethod
+    def _check_iterable_options(shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
+        if shuffle not in {False, None}:
+            raise ValueError(
+                f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
+                f"shuffle={shuffle} (conveyor: an iterable dataset decides its own order; shuffle "
+                f"inside its __iter__, e.g. with a buffer)"
+            )
+        if sampler is not None:
+            raise ValueError(
+                f"DataLoader with IterableDataset: expected unspecified sampler option, but got "
+                f"sampler={sampler} (conveyor: samplers choose indices, which an iterable dataset has not)"
+            )
+        if batch_sampler is not None:
+            raise ValueError(
+                f"DataLoader with IterableDataset: expected unspecified batch_sampler option, but got "
+                f"batch_sampler={batch_sampler} (conveyor: use batch_size= instead)"
+            )
+
+    @staticmethod
+    def _check_batch_size(batch_size: Any) -> None:
+        if not _is_int(batch_size) or batch_size <= 0:
+            raise ValueError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size!r} "
+                f"(conveyor: pass an int >= 1, or batch_size=None to load single samples)"
+            )
+
+    def _warn_worker_count(self) -> None:
+        if self.num_workers == 0:
+            return
+        try:
+            available = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            available = os.cpu_count()
+        if available is not None and self.num_workers > available:
+            warnings.warn(
+                f"This DataLoader will create {self.num_workers} worker processes in total. Our suggested "
+                f"max number of worker in current system is {available}, which is smaller than what this "
+                f"DataLoader is going to create. Please be aware that excessive worker creation might get "
+                f"DataLoader running slow or even freeze, lower the worker number to avoid potential "
+                f"slowness/freeze if necessary.",
+                stacklevel=3,
+            )
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        return self.__multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context: Any) -> None:
+        if context is not None:
+            if self.num_workers == 0:
+                raise ValueError(
+                    f"multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+                    f"but got num_workers={self.num_workers}"
+                )
+            if isinstance(context, str):
+                valid = [m for m in START_METHODS if m in multiprocessing.get_all_start_methods()]
+                if context not in valid:
+                    raise ValueError(
+                        f"multiprocessing_context option should specify a valid start method in {valid!r}, "
+                        f"but got multiprocessing_context={context!r}"
+                    )
+            elif not isinstance(context, multiprocessing.context.BaseContext):
+                raise TypeError(
+                    f"multiprocessing_context option should be a valid context object or a string "
+                    f"specifying the start method, but got multiprocessing_context={context}"
+                )
+        self.__multiprocessing_context = context
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        if self.__initialized and attr in _FROZEN_AFTER_INIT:
+            raise ValueError(
+                f"{attr} attribute should not be set after {type(self).__name__} is initialized "
+                f"(conveyor: build a new DataLoader instead)"
+            )
+        super().__setattr__(attr, value)
+
+    # ------------------------------------------------------------- iteration
+    @property
+    def _auto_collation(self) -> bool:
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self) -> Iterable:
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def __len__(self) -> int:
+        if self._iterable:
+            length = self._IterableDataset_len_called = len(self.dataset)
+            if self.batch_size is not None:
+                length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
+            return length
+        return len(self._index_sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration epoch ``epoch`` (and tell the samplers).
+
+        With ``seed=``, the epoch picks the shuffle and the batch seeds, so
+        calling ``set_epoch(e)`` before ``iter()`` reproduces epoch ``e``.
+        """
+        if not _is_int(epoch) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self._epoch = int(epoch)
+        for s in (self.sampler, self.batch_sampler):
+            if hasattr(s, "set_epoch"):
+                s.set_epoch(epoch)
+
+    def _fetch_spec(self) -> FetchSpec:
+        return FetchSpec(
+            dataset=self.dataset,
+            iterable=self._iterable,
+            auto_collation=self._auto_collation,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            collate_fn=self.collate_fn,
+        )
+
+    def _draw_base_seed(self, epoch: int) -> int:
+        if self.seed is not None:
+            return rng.derive_seed(self.seed, epoch)
+        if self.generator is not None:
+            return rng.source_for(self.generator, self._flavor).draw_seed()
+        return rng.draw_seed(self._flavor)
+
+    def _start_method(self) -> str:
+        method = resolve_start_method(self.multiprocessing_context)
+        if method not in START_METHODS:
+            raise ValueError(f"unsupported start method {method!r}; use one of {START_METHODS}")
+        return method
+
+    def _new_process_executor(self, base_seed: int) -> ProcessExecutor:
+        executor = ProcessExecutor(
+            ProcessConfig(
+                spec=self._fetch_spec(),
+                num_workers=self.num_workers,
+                start_method=self._start_method(),
+                prefetch_factor=self.prefetch_factor,
+                in_order=self.in_order,
+                timeout_s=float(self.timeout),
+                worker_init_fn=self.worker_init_fn,
+                base_seed=base_seed,
+            )
+        )
+        executor.start()
+        return executor
+
+    def _executor_for(self, base_seed: int) -> tuple[Any, bool]:
+        """The executor for a new iteration, and whether the iterator owns it."""
+        if self.num_workers == 0:
+            return InProcessExecutor(self._fetch_spec()), True
+        if not self.persistent_workers:
+            return self._new_process_executor(base_seed), True
+        if self._executor is None or self._executor._error is not None:
+            if self._executor is not None:
+                self._executor.shutdown()
+            self._executor = self._new_process_executor(base_seed)
+            self._finalizer = weakref.finalize(self, self._executor.shutdown)
+        return self._executor, False
+
+    def __iter__(self) -> "_LoaderIterator":
+        epoch = self._epoch
+        self._epoch += 1
+        base_seed = self._draw_base_seed(epoch)  # before the sampler draws, as torch
+        indices = iter(self._index_sampler)
+        executor, owned = self._executor_for(base_seed)
+        return _LoaderIterator(self, executor, owned, epoch, base_seed, indices)
+
+    def _warn_pin_memory(self) -> bool:
+        """Whether batches will be pinned; warns once per iterator when they can't be."""
+        if not self.pin_memory:
+            return False
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available():
+            warnings.warn(
+                "'pin_memory' argument is set as true but no accelerator is found, then device pinned "
+                "memory won't be used.",
+                stacklevel=3,
+            )
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(dataset={type(self.dataset).__name__}, batch_size={self.batch_size}, "
+            f"num_workers={self.num_workers})"
+        )
+
+
+class _LoaderIterator:
+    """One pass over the data. Owns its executor unless workers persist."""
+
+    def __init__(self, loader: DataLoader, executor: Any, owned: bool, epoch: int, base_seed: int, indices: Iterator):
+        self._loader = loader
+        self._executor = executor
+        self._owned = owned
+        self.epoch = epoch
+        self.base_seed = base_seed
+        self._num_yielded = 0
+        self._len_called = loader._IterableDataset_len_called
+        self._pin = loader._warn_pin_memory()
+        self._finalizer = weakref.finalize(self, executor.shutdown) if owned else None
+        executor.begin_epoch(next(_pass_ids), self._plan(indices, base_seed))
+
+    @staticmethod
+    def _plan(indices: Iterator, base_seed: int) -> Iterator[PlannedBatch]:
+        for batch_index, batch in enumerate(indices):
+            yield PlannedBatch(batch_index, batch, rng.derive_seed(base_seed, batch_index))
+
+    def __iter__(self) -> "_LoaderIterator":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            data = self._executor.next_batch()
+        except StopIteration:
+            self._close()
+            raise
+        self._num_yielded += 1
+        self._check_length()
+        if self._pin:
+            data = _pin(data)
+        return data
+
+    def _check_length(self) -> None:
+        expected = self._len_called
+        if self._loader._iterable and expected is not None and self._num_yielded > expected:
+            message = (
+                f"Length of IterableDataset {self._loader.dataset} was reported to be {expected}(when "
+                f"accessing len(dataloader)), but {self._num_yielded} samples have been fetched. "
+            )
+            if self._loader.num_workers > 0:
+                message += (
+                    "For multiprocessing data-loading, this could be caused by not properly configuring "
+                    "the IterableDataset replica at each worker. (conveyor: shard it with "
+                    "conveyor.ShardedIterable or get_worker_info().)"
+                )
+            warnings.warn(message, stacklevel=3)
+
+    def _close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getstate__(self):
+        raise TypeError(f"{type(self).__name__} cannot be pickled; save loader.state_dict() instead")
+
+
+def _pin(data: Any) -> Any:
+    """Copy every torch tensor of a batch into pinned memory."""
+    torch = sys.modules["torch"]
+    if isinstance(data, torch.Tensor):
+        return data.pin_memory()
+    if isinstance(data, dict):
+        return type(data)({k: _pin(v) for k, v in data.items()}) if type(data) is dict else {k: _pin(v) for k, v in data.items()}
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_pin(v) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(_pin(v) for v in data)
+    if hasattr(data, "pin_memory"):
+        return data.pin_memory()
+    return data

@@ -1,0 +1,119 @@
+"""The torch façade: ``import conveyor.torch as data`` in place of
+``import torch.utils.data as data``.
+
+Same names, same arguments, same results as torch.utils.data:
+
+* batches are torch tensors (numpy arrays made by the core are handed over
+  zero-copy with ``torch.from_numpy``);
+* samplers, ``random_split`` and the DataLoader accept ``torch.Generator`` and,
+  without one, draw from torch's global generator exactly as torch does, so
+  ``torch.manual_seed(s)`` gives the same order as torch.utils.data;
+* datasets and samplers are also instances of torch's base classes, so code
+  that checks ``isinstance(x, torch.utils.data.Dataset)`` keeps working.
+
+Example::
+
+    import conveyor.torch as data
+
+    loader = data.DataLoader(data.TensorDataset(torch.arange(10)), batch_size=4, shuffle=True)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Optional, Sequence, TypeVar, Union
+
+import torch as _torch
+import torch.utils.data as _tud
+
+from . import collate as _collate
+from . import dataset as _dataset
+from . import loader as _loader
+from . import sampler as _sampler
+from ._engine.worker import WorkerInfo, get_worker_info
+
+__all__ = [
+    "BatchSampler",
+    "ChainDataset",
+    "ConcatDataset",
+    "DataLoader",
+    "Dataset",
+    "DistributedSampler",
+    "IterableDataset",
+    "PadCollate",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "StackDataset",
+    "Subset",
+    "SubsetRandomSampler",
+    "TensorDataset",
+    "TokenBudgetBatchSampler",
+    "WeightedRandomSampler",
+    "WorkerInfo",
+    "default_collate",
+    "default_convert",
+    "get_worker_info",
+    "random_split",
+    "register_collate",
+]
+
+
+def _torch_flavoured(core: type, torch_base: type) -> type:
+    """A subclass of a core class that is also a ``torch_base`` and draws
+    from torch's generators when none is given."""
+    namespace = {"_flavor": "torch", "__module__": __name__, "__doc__": core.__doc__, "__qualname__": core.__name__}
+    return type(core.__name__, (core, torch_base), namespace)
+
+
+# Datasets: conveyor's behaviour, torch's base classes.
+Dataset = _torch_flavoured(_dataset.Dataset, _tud.Dataset)
+IterableDataset = _torch_flavoured(_dataset.IterableDataset, _tud.IterableDataset)
+TensorDataset = _torch_flavoured(_dataset.TensorDataset, _tud.Dataset)
+StackDataset = _torch_flavoured(_dataset.StackDataset, _tud.Dataset)
+ConcatDataset = _torch_flavoured(_dataset.ConcatDataset, _tud.Dataset)
+ChainDataset = _torch_flavoured(_dataset.ChainDataset, _tud.IterableDataset)
+Subset = _torch_flavoured(_dataset.Subset, _tud.Dataset)
+
+# Samplers: torch's draws.
+Sampler = _torch_flavoured(_sampler.Sampler, _tud.Sampler)
+SequentialSampler = _torch_flavoured(_sampler.SequentialSampler, _tud.Sampler)
+RandomSampler = _torch_flavoured(_sampler.RandomSampler, _tud.Sampler)
+SubsetRandomSampler = _torch_flavoured(_sampler.SubsetRandomSampler, _tud.Sampler)
+WeightedRandomSampler = _torch_flavoured(_sampler.WeightedRandomSampler, _tud.Sampler)
+BatchSampler = _torch_flavoured(_sampler.BatchSampler, _tud.Sampler)
+DistributedSampler = _torch_flavoured(_sampler.DistributedSampler, _tud.Sampler)
+TokenBudgetBatchSampler = _torch_flavoured(_sampler.TokenBudgetBatchSampler, _tud.Sampler)
+
+# Collation: torch tensors out.
+default_collate = _collate.torch_default_collate
+default_convert = _collate.torch_default_convert
+register_collate = _collate.register_collate
+PadCollate = _collate.TorchPadCollate
+
+
+def random_split(
+    dataset: Any,
+    lengths: Sequence[Union[int, float]],
+    generator: Optional[Any] = None,
+) -> list:
+    """Split ``dataset`` into non-overlapping subsets, as torch.utils.data does.
+
+    Without ``generator`` it draws from ``torch.default_generator``, as torch,
+    so ``torch.manual_seed(s)`` gives torch's split.
+    """
+    if generator is None:
+        generator = _torch.default_generator
+    return [Subset(part.dataset, part.indices) for part in _dataset.random_split(dataset, lengths, generator=generator)]
+
+
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class DataLoader(_loader.DataLoader[_T_co], Generic[_T_co]):
+    __doc__ = _loader.DataLoader.__doc__
+    _flavor = "torch"
+    _RandomSampler = RandomSampler
+    _SequentialSampler = SequentialSampler
+    _BatchSampler = BatchSampler
+    _default_collate = staticmethod(default_collate)
+    _default_convert = staticmethod(default_convert)
