@@ -369,9 +369,16 @@ def test_to_torch_is_zero_copy_and_keeps_containers():
     assert isinstance(out["f"], np.ndarray)
 
 
-def test_torch_default_collate_shares_memory_with_core_result():
-    out = torch_default_collate([np.zeros(3), np.zeros(3)])
-    assert out.is_contiguous() and out.numpy().base is not None or out.numpy().flags.owndata is False
+def test_to_torch_of_collate_into_shares_the_allocated_memory():
+    buffers = []
+
+    def allocate(shape, dtype):
+        buffers.append(np.zeros(shape, dtype))
+        return buffers[-1]
+
+    out = to_torch(collate_into([np.ones(3), np.ones(3)], allocate))
+    out[0, 0] = 7
+    assert buffers[0][0, 0] == 7
 
 
 # --------------------------------------------------------------------------
@@ -398,6 +405,19 @@ def test_unequal_first_axis_suggests_padding():
     batch = [(np.zeros(3), 0), (np.zeros(5), 1)]
     message = str(raises_like_torch(batch, "stack expects each tensor to be equal size", "batch[0]"))
     assert "PadCollate" in message
+
+
+def test_error_paths_through_tuples_and_namedtuples():
+    batch = [({"boxes": np.zeros((2, 4))}, 0), ({"boxes": np.zeros((3, 4))}, 1)]
+    raises_like_torch(batch, 'cannot stack batch[0]["boxes"]: sample 0 has shape (2, 4) but sample 1 has shape (3, 4)')
+    batch = [Point(np.zeros(2), 0), Point(np.zeros(3), 1)]
+    raises_like_torch(batch, "cannot stack batch.x:")
+
+
+def test_many_differing_samples_are_listed_then_elided():
+    batch = [np.zeros(2)] + [np.zeros(3)] * 20
+    message = str(raises_like_torch(batch, "20 of 21 samples differ from sample 0: 1, 2, 3, 4, 5, 6, 7, 8, ..."))
+    assert "9," not in message
 
 
 def test_unequal_tensor_shapes():
@@ -558,6 +578,10 @@ def test_errors_inside_registered_collation_carry_the_path(registry):
         default_collate(batch)
 
 
+needs_notes = pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes arrived in Python 3.11")
+
+
+@needs_notes
 def test_foreign_errors_get_a_note_with_the_path(registry):
     def broken(batch, *, collate):
         raise ZeroDivisionError("boom")
@@ -588,6 +612,16 @@ def test_collate_fn_map_accepts_torch_style_recursion():
 
     out = collate([(1, 2), (3, 4)], collate_fn_map={tuple: tensor_pairs})
     assert [x.tolist() for x in out] == [[1, 3], [2, 4]]
+
+
+@needs_notes
+def test_collate_fn_map_errors_get_a_note_with_the_path():
+    def broken(batch, *, collate_fn_map):
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError) as info:
+        collate([{"k": Box(0, 0)}], collate_fn_map={Box: broken})
+    assert any('batch["k"]' in note for note in info.value.__notes__)
 
 
 def test_collate_fn_map_takes_precedence_over_registry(registry):
@@ -722,6 +756,20 @@ def test_pad_torch_tensors_give_tensors_equal_to_numpy_path():
         assert_same(from_tensors, to_torch(pad(arrays)))
         torch_pad = TorchPadCollate(-1, pad_to_multiple_of=3, return_mask=True, side=side)
         assert_same(torch_pad(arrays), from_tensors)
+
+
+def test_pad_empty_and_ragged_nested_lists():
+    out = PadCollate(keys=["x"])([{"x": [[1, 2], [3, 4]]}, {"x": []}])
+    assert out["x"].values.shape == (2, 2, 2) and out["x"].values.dtype == np.int64
+    assert out["x"].lengths.tolist() == [2, 0] and (out["x"].values[1] == 0).all()
+    with pytest.raises(TypeError, match=r'batch\["x"\]: sample 1 is not a \(nested\) list of numbers'):
+        PadCollate(keys=["x"])([{"x": [[1, 2]]}, {"x": [[1, 2], [3]]}])
+
+
+def test_pad_uses_registered_types_inside(registry):
+    registry(Box, lambda batch, *, collate: collate([b.xyxy for b in batch], key="xyxy"))
+    out = PadCollate()([Box(np.ones((1, 4)), 0), Box(np.ones((3, 4)), 0)])
+    assert out.values.shape == (2, 3, 4) and out.lengths.tolist() == [1, 3]
 
 
 def test_pad_tensor_errors():

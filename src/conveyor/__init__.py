@@ -30,7 +30,8 @@ from .sampler import (
     TokenBudgetBatchSampler,
     WeightedRandomSampler,
 )
-from ._engine.worker import WorkerInfo, get_worker_info
+from ._engine.info import WorkerInfo, get_worker_info
+from .sharding import ShardedIterable
 
 __version__ = "0.1.0"
 
@@ -46,6 +47,7 @@ __all__ = [
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "ShardedIterable",
     "StackDataset",
     "Subset",
     "SubsetRandomSampler",

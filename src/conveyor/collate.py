@@ -174,6 +174,7 @@ def _note_path(error: BaseException, path: tuple, ctx: "_Context") -> None:
 # --------------------------------------------------------------------------
 
 CollateFn = Callable[..., Any]
+CollateFnMap = collections.abc.Mapping  # {type or tuple of types: fn(batch, *, collate_fn_map)}
 
 _REGISTRY: dict[type, CollateFn] = {}
 
@@ -229,7 +230,7 @@ def _registered_fn(cls: type) -> CollateFn | None:
     return None
 
 
-def _mapped_fn(fn_map: collections.abc.Mapping, elem: Any) -> CollateFn | None:
+def _mapped_fn(fn_map: CollateFnMap, elem: Any) -> CollateFn | None:
     """torch's lookup in a ``collate_fn_map``: exact type, then isinstance in order."""
     fn = fn_map.get(type(elem))
     if fn is not None:
@@ -262,8 +263,13 @@ class _Context:
 
     __slots__ = ("fn_map", "allocate", "name", "padding", "pad_keys_seen")
 
-    def __init__(self, name: str, allocate: Allocate = allocate_batch, fn_map: collections.abc.Mapping | None = None,
-                 padding: "PadCollate | None" = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        allocate: Allocate = allocate_batch,
+        fn_map: CollateFnMap | None = None,
+        padding: "PadCollate | None" = None,
+    ) -> None:
         self.name = name
         self.allocate = allocate
         self.fn_map = fn_map
@@ -370,9 +376,9 @@ def _collate_mapping(batch: Sequence[Any], path: tuple, ctx: _Context, scope: _P
         except KeyError:
             missing = [i for i, sample in enumerate(batch) if key not in sample]
             raise KeyError(
-                f"{ctx.name}: cannot collate {_format_path(path)}: sample {missing[0]} has no key {_format_key(key)}, "
-                f"which sample 0 has (samples without it: {_positions(missing)}); every sample must have "
-                f"the keys of sample 0."
+                f"{ctx.name}: cannot collate {_format_path(path)}: sample {missing[0]} has no key "
+                f"{_format_key(key)}, which sample 0 has (samples without it: {_positions(missing)}); "
+                f"every sample must have the keys of sample 0."
             ) from None
         collated[key] = _collate(column, path + (key,), ctx, _child_scope(ctx, scope, key))
     return _rebuild_mapping(elem, collated)
@@ -484,9 +490,8 @@ def _as_arrays(batch: Sequence[Any], path: tuple, ctx: _Context) -> list[np.ndar
 def _unequal_shapes_message(shapes: Sequence[tuple], path: tuple, ctx: _Context) -> str:
     j = _differing(shapes)[0]
     torch_text = _TORCH_STACK_MESSAGE.format(list(shapes[0]), 0, list(shapes[j]), j)
-    only_first_axis = len({len(s) for s in shapes}) == 1 and len({s[1:] for s in shapes}) == 1 and len(shapes[0]) > 0
     hint = "Resize or crop to one size"
-    if only_first_axis:
+    if len(shapes[0]) > 0 and len({s[1:] for s in shapes}) == 1 and len({len(s) for s in shapes}) == 1:
         hint += ", or pass collate_fn=PadCollate(...) to pad them along the first axis"
     return (
         f"{torch_text}. {ctx.name}: cannot stack {_format_path(path)}: "
@@ -529,7 +534,9 @@ def _collate_numbers(batch: Sequence[Any], path: tuple, ctx: _Context) -> Any:
     return out
 
 
-def _number_mismatch_error(batch: Sequence[Any], i: int, float_led: bool, path: tuple, ctx: _Context) -> Exception:
+def _number_mismatch_error(
+    batch: Sequence[Any], i: int, float_led: bool, path: tuple, ctx: _Context
+) -> Exception:
     """The exception torch raises for a non-number in a number batch, with context."""
     sample = batch[i]
     name = _type_name(sample)
@@ -704,7 +711,7 @@ def default_collate(batch: Sequence[Any]) -> Any:
     return _collate(batch, (), _Context("default_collate"), None)
 
 
-def collate(batch: Sequence[Any], *, collate_fn_map: collections.abc.Mapping[type | tuple[type, ...], Callable] | None = None) -> Any:
+def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
     """:func:`default_collate` with a torch-style ``collate_fn_map`` consulted first.
 
     Same signature and lookup as ``torch.utils.data._utils.collate.collate``:
@@ -885,14 +892,15 @@ class PadCollate:
         keys: collections.abc.Collection | None = None,
         side: str = "right",
     ) -> None:
-        if pad_to_multiple_of is not None and (
-            isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1
-        ):
-            raise ValueError(f"PadCollate: pad_to_multiple_of must be a positive int or None, got {pad_to_multiple_of!r}")
+        multiple = pad_to_multiple_of
+        if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1):
+            raise ValueError(f"PadCollate: pad_to_multiple_of must be a positive int or None, got {multiple!r}")
         if side not in ("right", "left"):
             raise ValueError(f"PadCollate: side must be 'right' or 'left', got {side!r}")
         if isinstance(keys, (str, bytes)):
-            raise TypeError(f"PadCollate: keys must be a collection of keys, not a string; did you mean keys=[{keys!r}]?")
+            raise TypeError(
+                f"PadCollate: keys must be a collection of keys, not a string; did you mean keys=[{keys!r}]?"
+            )
         if keys is not None:
             keys = frozenset(keys)
         if isinstance(pad_value, collections.abc.Mapping):
@@ -901,7 +909,9 @@ class PadCollate:
                 keys = frozenset(pad_value)
             missing = [k for k in keys if k not in pad_value]
             if missing:
-                raise ValueError(f"PadCollate: pad_value has no value for keys {sorted(map(repr, missing))}; add them to pad_value.")
+                raise ValueError(
+                    f"PadCollate: pad_value has no value for keys {sorted(map(repr, missing))}; add them to pad_value."
+                )
         self.pad_value = pad_value
         self.pad_to_multiple_of = pad_to_multiple_of
         self.return_lengths = bool(return_lengths)
@@ -933,9 +943,10 @@ class PadCollate:
         return out
 
     def _result(self, values: Any, lengths: Any, mask: Any) -> Any:
+        """The padded leaf: values alone, or Padded (lengths and mask are None unless asked for)."""
         if not (self.return_lengths or self.return_mask):
             return values
-        return Padded(values, lengths if self.return_lengths else None, mask if self.return_mask else None)
+        return Padded(values, lengths, mask)
 
     def _padded_length(self, longest: int) -> int:
         m = self.pad_to_multiple_of
@@ -979,37 +990,45 @@ def _pad_leaf(batch: Sequence[Any], path: tuple, ctx: _Context, scope: _PadScope
         return _pad_tensors(batch, path, ctx, scope, sys.modules["torch"])
     arrays = _as_pad_arrays(batch, path, ctx)
     lengths, total = _check_pad_shapes([a.shape for a in arrays], path, ctx)
-    dtype = _result_dtype(_dtypes_for_padding(arrays), path, ctx)
+    dtype = _result_dtype([a.dtype for a in arrays], path, ctx)
     fill = _checked_fill(scope.value, dtype, path, ctx)
+    side = ctx.padding.side
     values = ctx.allocate((len(arrays), total) + arrays[0].shape[1:], dtype)
     for i, array in enumerate(arrays):
-        data, pad = _pad_slices(lengths[i], total, ctx.padding.side)
+        data, pad = _pad_slices(lengths[i], total, side)
         values[i, data] = array
         values[i, pad] = fill
-    lengths_out = ctx.allocate((len(arrays),), _INT64)
-    lengths_out[...] = lengths
-    mask = None
+    lengths_out = mask = None
+    if ctx.padding.return_lengths:
+        lengths_out = ctx.allocate((len(arrays),), _INT64)
+        lengths_out[...] = lengths
     if ctx.padding.return_mask:
         mask = ctx.allocate((len(arrays), total), _BOOL)
-        positions = np.arange(total)
-        if ctx.padding.side == "right":
-            np.less(positions, lengths_out[:, None], out=mask)
+        positions, sample_lengths = np.arange(total), np.asarray(lengths, _INT64)[:, None]
+        if side == "right":
+            np.less(positions, sample_lengths, out=mask)
         else:
-            np.greater_equal(positions, (total - lengths_out)[:, None], out=mask)
+            np.greater_equal(positions, total - sample_lengths, out=mask)
     return ctx.padding._result(values, lengths_out, mask)
 
 
 def _as_pad_arrays(batch: Sequence[Any], path: tuple, ctx: _Context) -> list[np.ndarray]:
+    """The samples as arrays; (nested) lists of numbers are converted, empty ones shaped like the rest."""
     arrays = []
     for i, sample in enumerate(batch):
         if isinstance(sample, (list, tuple)):
-            array = np.asarray(sample) if len(sample) else np.zeros(0, _INT64)
-            if array.dtype.kind not in _NUMERIC_KINDS:
+            if len(sample) == 0:
+                arrays.append(None)  # shaped once the others are known
+                continue
+            try:
+                sample = np.asarray(sample)
+            except ValueError:  # ragged nesting
+                sample = np.empty(0, object)
+            if sample.dtype.kind not in _NUMERIC_KINDS:
                 raise TypeError(
-                    f"PadCollate: cannot pad {_format_path(path)}: sample {i} is a {_type_name(sample)} that is "
-                    f"not a (nested) list of numbers of one shape."
+                    f"PadCollate: cannot pad {_format_path(path)}: sample {i} is not a (nested) list of "
+                    f"numbers of one shape."
                 )
-            sample = array
         if not isinstance(sample, np.ndarray):
             raise _mismatch_error(batch, i, "an array", path, ctx)
         if sample.dtype.kind in _UNSUPPORTED_KINDS:
@@ -1018,13 +1037,20 @@ def _as_pad_arrays(batch: Sequence[Any], path: tuple, ctx: _Context) -> list[np.
                 + f". PadCollate: cannot pad {_format_path(path)}: sample {i} has dtype {sample.dtype}."
             )
         arrays.append(sample)
-    return arrays
+    return _shape_empty_lists(arrays)
 
 
-def _dtypes_for_padding(arrays: Sequence[Any]) -> list:
-    """Dtypes that decide the padded dtype: empty samples (``[]`` is float64 to numpy) do not vote."""
-    voters = [a.dtype for a in arrays if a.size]
-    return voters or [arrays[0].dtype]
+def _shape_empty_lists(arrays: list) -> list[np.ndarray]:
+    """Give empty lists (None here) the trailing shape and dtype of the other samples.
+
+    To numpy ``[]`` is a float64 array of shape (0,); as one sample among token
+    lists it must neither turn the batch into floats nor break a 2-D layout.
+    """
+    if all(a is not None for a in arrays):
+        return arrays
+    model = next((a for a in arrays if a is not None), np.zeros(0, _INT64))
+    empty = np.zeros((0,) + model.shape[1:], model.dtype)
+    return [empty if a is None else a for a in arrays]
 
 
 def _check_pad_shapes(shapes: Sequence[tuple], path: tuple, ctx: _Context) -> tuple[list[int], int]:
@@ -1033,17 +1059,22 @@ def _check_pad_shapes(shapes: Sequence[tuple], path: tuple, ctx: _Context) -> tu
         if len(shape) == 0:
             raise RuntimeError(
                 f"PadCollate: cannot pad {_format_path(path)}: sample {i} is 0-dimensional; padded values "
-                f"need a first (sequence) axis. Pass keys=[...] to pad only some keys."
+                f"need a first (sequence) axis.{_keys_hint(ctx)}"
             )
     rests = [shape[1:] for shape in shapes]
     if any(rest != rests[0] for rest in rests):
+        j = _differing(rests)[0]
         raise RuntimeError(
-            f"{_TORCH_STACK_MESSAGE.format(list(shapes[0]), 0, list(shapes[_differing(rests)[0]]), _differing(rests)[0])}. "
+            f"{_TORCH_STACK_MESSAGE.format(list(shapes[0]), 0, list(shapes[j]), j)}. "
             f"PadCollate: cannot pad {_format_path(path)}: samples may differ only in their first axis; "
-            f"{_disagreement(rests, 'trailing shape')}. Pass keys=[...] to pad only some keys."
+            f"{_disagreement(rests, 'trailing shape')}.{_keys_hint(ctx)}"
         )
     lengths = [shape[0] for shape in shapes]
     return lengths, ctx.padding._padded_length(max(lengths))
+
+
+def _keys_hint(ctx: _Context) -> str:
+    return " Pass keys=[...] to pad only the values under some keys." if ctx.padding.keys is None else ""
 
 
 def _pad_slices(length: int, total: int, side: str) -> tuple[slice, slice]:
@@ -1082,21 +1113,23 @@ def _pad_tensors(batch: Sequence[Any], path: tuple, ctx: _Context, scope: _PadSc
     numpy_dtype = _numpy_dtype_of(dtype, torch)
     if numpy_dtype is not None:
         _checked_fill(scope.value, numpy_dtype, path, ctx)
+    side = ctx.padding.side
     values = tensors[0].new_empty((len(tensors), total) + tuple(tensors[0].shape[1:]), dtype=dtype)
     for i, tensor in enumerate(tensors):
-        data, pad = _pad_slices(lengths[i], total, ctx.padding.side)
+        data, pad = _pad_slices(lengths[i], total, side)
         values[i, data] = tensor
         values[i, pad] = scope.value
-    lengths_out = torch.tensor(lengths, dtype=torch.int64)
+    lengths_out = torch.tensor(lengths, dtype=torch.int64) if ctx.padding.return_lengths else None
     mask = None
     if ctx.padding.return_mask:
         positions = torch.arange(total, device=values.device)
-        on_device = lengths_out.to(values.device)[:, None]
-        mask = positions < on_device if ctx.padding.side == "right" else positions >= (total - on_device)
+        sample_lengths = torch.tensor(lengths, dtype=torch.int64, device=values.device)[:, None]
+        mask = positions < sample_lengths if side == "right" else positions >= total - sample_lengths
     return ctx.padding._result(values, lengths_out, mask)
 
 
 def _numpy_dtype_of(dtype: Any, torch: Any) -> np.dtype | None:
+    """The numpy dtype of a torch dtype, or None where numpy has none (bfloat16, ...)."""
     try:
         return torch.empty(0, dtype=dtype).numpy().dtype
     except (TypeError, RuntimeError):  # bfloat16 and friends have no numpy dtype

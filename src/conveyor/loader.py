@@ -30,6 +30,7 @@ from . import sampler as _sampler
 from ._engine.executor import InProcessExecutor, PlannedBatch, ProcessConfig, ProcessExecutor
 from ._engine.fetch import FetchSpec
 from ._engine.launch import START_METHODS, resolve_start_method
+from ._engine.pin import PinThread, pin_tree
 from .dataset import is_iterable_dataset, is_map_dataset
 
 __all__ = ["DataLoader"]
@@ -452,9 +453,13 @@ class _LoaderIterator:
         self.base_seed = base_seed
         self._num_yielded = 0
         self._len_called = loader._IterableDataset_len_called
-        self._pin = loader._warn_pin_memory()
-        self._finalizer = weakref.finalize(self, executor.shutdown) if owned else None
+        pin = loader._warn_pin_memory()
         executor.begin_epoch(next(_pass_ids), self._plan(indices, base_seed))
+        # With workers, batches are pinned in a thread (as torch); in-process, inline.
+        self._pin_thread = PinThread(executor.next_batch, loader.prefetch_factor or 1) if pin and loader.num_workers else None
+        self._pin_inline = pin and not loader.num_workers
+        self._next_batch = self._pin_thread.next_batch if self._pin_thread else executor.next_batch
+        self._finalizer = weakref.finalize(self, _close_iteration, self._pin_thread, executor if owned else None)
 
     @staticmethod
     def _plan(indices: Iterator, base_seed: int) -> Iterator[PlannedBatch]:
@@ -466,15 +471,13 @@ class _LoaderIterator:
 
     def __next__(self) -> Any:
         try:
-            data = self._executor.next_batch()
+            data = self._next_batch()
         except StopIteration:
             self._close()
             raise
         self._num_yielded += 1
         self._check_length()
-        if self._pin:
-            data = _pin(data)
-        return data
+        return pin_tree(data) if self._pin_inline else data
 
     def _check_length(self) -> None:
         expected = self._len_called
@@ -492,8 +495,7 @@ class _LoaderIterator:
             warnings.warn(message, stacklevel=3)
 
     def _close(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
+        self._finalizer()
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -502,17 +504,13 @@ class _LoaderIterator:
         raise TypeError(f"{type(self).__name__} cannot be pickled; save loader.state_dict() instead")
 
 
-def _pin(data: Any) -> Any:
-    """Copy every torch tensor of a batch into pinned memory."""
-    torch = sys.modules["torch"]
-    if isinstance(data, torch.Tensor):
-        return data.pin_memory()
-    if isinstance(data, dict):
-        return type(data)({k: _pin(v) for k, v in data.items()}) if type(data) is dict else {k: _pin(v) for k, v in data.items()}
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_pin(v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(_pin(v) for v in data)
-    if hasattr(data, "pin_memory"):
-        return data.pin_memory()
-    return data
+
+def _close_iteration(pin_thread: Optional[PinThread], executor: Any) -> None:
+    """End of one pass (exhausted, abandoned or collected): stop pinning, and
+    stop the workers when this pass owns them."""
+    if pin_thread is not None:
+        pin_thread._stop.set()
+    if executor is not None:
+        executor.shutdown()
+    if pin_thread is not None:
+        pin_thread.close()

@@ -29,7 +29,8 @@ from . import collate as _collate
 from . import dataset as _dataset
 from . import loader as _loader
 from . import sampler as _sampler
-from ._engine.worker import WorkerInfo, get_worker_info
+from . import sharding as _sharding
+from ._engine.info import WorkerInfo, get_worker_info
 
 __all__ = [
     "BatchSampler",
@@ -43,6 +44,7 @@ __all__ = [
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "ShardedIterable",
     "StackDataset",
     "Subset",
     "SubsetRandomSampler",
@@ -73,6 +75,7 @@ StackDataset = _torch_flavoured(_dataset.StackDataset, _tud.Dataset)
 ConcatDataset = _torch_flavoured(_dataset.ConcatDataset, _tud.Dataset)
 ChainDataset = _torch_flavoured(_dataset.ChainDataset, _tud.IterableDataset)
 Subset = _torch_flavoured(_dataset.Subset, _tud.Dataset)
+ShardedIterable = _torch_flavoured(_sharding.ShardedIterable, _tud.IterableDataset)
 
 # Samplers: torch's draws.
 Sampler = _torch_flavoured(_sampler.Sampler, _tud.Sampler)

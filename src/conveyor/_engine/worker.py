@@ -28,53 +28,14 @@ from typing import Any, Callable, Optional
 
 from .. import rng
 from .errors import capture_failure
+from . import info as _info
 from .fetch import EndOfData, FetchSpec, fetch_seeded, make_fetcher
+from .info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
 from .messages import Batch, Exhausted, InitFailed, Stop, Task, TaskFailed
 
 #: How often a worker checks that its parent is alive. Short enough that
 #: workers of a killed main process are gone well within a second.
 _PARENT_POLL_S = 0.1
-
-
-@dataclass
-class WorkerInfo:
-    """What :func:`get_worker_info` returns inside a worker.
-
-    Attributes:
-        id: this worker's id, ``0 <= id < num_workers``.
-        num_workers: how many workers the loader runs.
-        seed: the seed this worker's generators got at start
-            (``base_seed + id``, as in torch).
-        dataset: this process's copy of the dataset.
-    """
-
-    id: int
-    num_workers: int
-    seed: int
-    dataset: Any
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        if getattr(self, "_frozen", False):
-            raise RuntimeError(f"Cannot assign attributes to {type(self).__name__} objects")
-        super().__setattr__(key, value)
-
-
-_worker_info: Optional[WorkerInfo] = None
-
-
-def get_worker_info() -> Optional[WorkerInfo]:
-    """Information about the current worker, or ``None`` in the main process.
-
-    Use it in an ``IterableDataset.__iter__`` or a ``worker_init_fn`` to give
-    each worker its own share of the data::
-
-        info = get_worker_info()
-        if info is None:          # loading in the main process
-            start, step = 0, 1
-        else:
-            start, step = info.id, info.num_workers
-    """
-    return _worker_info
 
 
 @dataclass(frozen=True)
@@ -91,10 +52,9 @@ class WorkerConfig:
 
 
 def _set_worker_info(config: WorkerConfig) -> None:
-    global _worker_info
     info = WorkerInfo(config.worker_id, config.num_workers, config.seed, config.fetch.dataset)
     object.__setattr__(info, "_frozen", True)
-    _worker_info = info
+    _info.current = info
     torch = sys.modules.get("torch")
     if torch is not None:
         # Datasets written for torch ask torch.utils.data.get_worker_info()

@@ -1,0 +1,105 @@
+"""Pinning batches in a background thread, as torch does with ``pin_memory=True``.
+
+    executor.next_batch() ──▶ [pin thread: copy tensors to page-locked memory] ──▶ queue ──▶ __next__
+
+The thread is the executor's only caller while it runs; the main thread only
+reads the queue, waking every ``_POLL_S`` to check the thread is alive, so it
+never waits forever on a thread that died.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: How often the main thread checks that the pin thread is alive while it waits.
+_POLL_S = 0.1
+#: How long closing waits for the pin thread to finish the batch in hand.
+_JOIN_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class _Item:
+    kind: str  # "batch" | "end" | "error"
+    value: Any = None
+
+
+def pin_tree(data: Any) -> Any:
+    """Copy every torch tensor of a batch into pinned memory; keep structure."""
+    torch = sys.modules["torch"]
+    if isinstance(data, torch.Tensor):
+        return data.pin_memory()
+    if isinstance(data, dict):
+        pinned = {k: pin_tree(v) for k, v in data.items()}
+        try:
+            return type(data)(pinned)
+        except TypeError:
+            return pinned
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(pin_tree(v) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(pin_tree(v) for v in data)
+    if hasattr(data, "pin_memory"):
+        return data.pin_memory()
+    return data
+
+
+class PinThread:
+    """Runs ``next_batch`` and ``pin`` in a thread, ``capacity`` batches ahead."""
+
+    def __init__(self, next_batch: Callable[[], Any], capacity: int, pin: Callable[[Any], Any] = pin_tree):
+        self._next_batch = next_batch
+        self._pin = pin
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, capacity))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="conveyor-pin-memory", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: _Item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = _Item("batch", self._pin(self._next_batch()))
+            except StopIteration:
+                self._put(_Item("end"))
+                return
+            except BaseException as exc:  # carried to the main thread, raised there
+                self._put(_Item("error", exc))
+                if not isinstance(exc, Exception):
+                    return
+                continue
+            if not self._put(item):
+                return
+
+    def next_batch(self) -> Any:
+        """The next pinned batch; StopIteration at the end; the loader's errors
+        re-raised here."""
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the pin-memory thread ended without a result (conveyor bug: please report)")
+                continue
+            if item.kind == "batch":
+                return item.value
+            if item.kind == "end":
+                raise StopIteration
+            raise item.value
+
+    def close(self) -> None:
+        """Stop the thread after the batch in hand; safe to call twice."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(_JOIN_TIMEOUT_S)

@@ -1,0 +1,110 @@
+"""Looking at processes through /proc, for tests that must prove nothing leaked.
+
+No psutil: a scan of ``/proc/<pid>/stat`` gives each process's state and
+parent. (``/proc/<pid>/task/*/children`` would be quicker but needs
+CONFIG_PROC_CHILDREN, which some kernels lack.)
+
+    state(pid)            'R', 'S', 'Z', ... or None once the pid is gone
+    is_running(pid)       exists and is not a zombie
+    children(pid)         {child pid: state} of every direct child
+    wait_until_gone(pids) poll until none of them runs (zombies count as gone:
+                          an orphan's zombie is its new parent's to reap)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterable, Optional
+
+#: How often to look again while waiting for processes to go.
+POLL_S = 0.02
+
+
+def _stat_fields(pid: int) -> Optional[list[str]]:
+    """Fields of /proc/<pid>/stat after the command name (which may hold
+    spaces and parentheses): [state, ppid, ...]; None if the pid is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    _, _, rest = raw.rpartition(")")
+    return rest.split()
+
+
+def state(pid: int) -> Optional[str]:
+    """The process state letter ('R', 'S', 'D', 'Z', ...) or None if gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def parent(pid: int) -> Optional[int]:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields else None
+
+
+def is_running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (or dead)."""
+    return state(pid) not in (None, "Z", "X", "x")
+
+
+def children(pid: Optional[int] = None) -> dict[int, str]:
+    """Every direct child of ``pid`` (default: this process), with its state."""
+    pid = os.getpid() if pid is None else pid
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = _stat_fields(int(name))
+        if fields and int(fields[1]) == pid:
+            found[int(name)] = fields[0]
+    return found
+
+
+def descendants(pid: Optional[int] = None) -> dict[int, str]:
+    """Children, grandchildren, ... of ``pid`` with their states."""
+    pid = os.getpid() if pid is None else pid
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(int(name))
+            if fields:
+                table[int(name)] = (int(fields[1]), fields[0])
+    found, frontier = {}, [pid]
+    while frontier:
+        current = frontier.pop()
+        for child, (ppid, st) in table.items():
+            if ppid == current and child not in found:
+                found[child] = st
+                frontier.append(child)
+    return found
+
+
+def running(pids: Iterable[int]) -> list[int]:
+    """Those of ``pids`` that still run."""
+    return [p for p in pids if is_running(p)]
+
+
+def wait_until_gone(pids: Iterable[int], timeout_s: float = 5.0) -> list[int]:
+    """Poll until none of ``pids`` runs; return those still running at the
+    deadline (empty on success)."""
+    pids = list(pids)
+    deadline = time.monotonic() + timeout_s
+    left = running(pids)
+    while left and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        left = running(left)
+    return left
+
+
+def new_children(before: dict[int, str], timeout_s: float = 0.0) -> dict[int, str]:
+    """Children of this process that were not in ``before`` (zombies
+    included: an unreaped worker is a leak). With ``timeout_s``, keep looking
+    until they are gone or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        extra = {p: s for p, s in children().items() if p not in before}
+        if not extra or time.monotonic() >= deadline:
+            return extra
+        time.sleep(POLL_S)
