@@ -28,7 +28,7 @@ from . import collate as _collate
 from . import rng
 from . import sampler as _sampler
 from ._engine.executor import InProcessExecutor, PlannedBatch, ProcessConfig, ProcessExecutor
-from ._engine.fetch import FetchSpec
+from ._engine.fetch import FetchSpec, collate_route
 from ._engine.launch import START_METHODS, resolve_start_method
 from ._engine.pin import PinThread, pin_tree
 from .dataset import is_iterable_dataset, is_map_dataset
@@ -362,6 +362,7 @@ class DataLoader(Generic[T_co]):
                 s.set_epoch(epoch)
 
     def _fetch_spec(self) -> FetchSpec:
+        collate_into, to_torch = collate_route(self.collate_fn)
         return FetchSpec(
             dataset=self.dataset,
             iterable=self._iterable,
@@ -369,6 +370,8 @@ class DataLoader(Generic[T_co]):
             batch_size=self.batch_size,
             drop_last=self.drop_last,
             collate_fn=self.collate_fn,
+            collate_into=collate_into,
+            to_torch=to_torch,
         )
 
     def _draw_base_seed(self, epoch: int) -> int:

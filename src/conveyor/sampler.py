@@ -776,19 +776,30 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``; the inner sampler's state is loaded too.
 
-        ``position`` (batches) may have been lowered since saving (a loader that
-        prefetched rewinding to what it delivered): a conveyor inner sampler is
-        then set back to ``position × batch_size`` items.
+        ``position`` (batches) may have been changed since saving to any batch
+        of the same iteration: lowered (a loader that prefetched rewinding to
+        what it delivered) or raised (a loader that kept the state of the
+        iteration's first batch). A conveyor inner sampler is then set to the
+        items behind that many batches.
         """
         super().load_state_dict(state)
         inner = state.get("sampler")
         if inner is None or not self._inner_resumable():
             return
         if state["in_iteration"] and _has_position(inner) and inner["in_iteration"]:
-            inner = {**inner, "position": min(state["position"] * self.batch_size, inner["position"])}
+            inner = {**inner, "position": self._items_behind(state["position"], inner["position"])}
         if self._resume is not None:
             self._resume.record = inner
         self.sampler.load_state_dict(inner)  # type: ignore[union-attr]
+
+    def _items_behind(self, batches: int, saved_items: int) -> int:
+        """Inner items handed out for the first ``batches`` batches: all full
+        but the last of the iteration, which the inner sampler's end cuts."""
+        items = batches * self.batch_size
+        try:
+            return min(items, len(self.sampler))  # type: ignore[arg-type]
+        except TypeError:  # no len(): only lowering is possible
+            return min(items, saved_items)
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``epoch`` to the inner sampler when it has ``set_epoch``."""

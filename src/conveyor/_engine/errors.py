@@ -40,11 +40,16 @@ def capture_failure(worker_id: Optional[int], where: str) -> Failure:
     """Describe the exception being handled, for sending to the main process."""
     exc_type, exc, tb = __import__("sys").exc_info()
     text = "".join(traceback.format_exception(exc_type, exc, tb))
+    carried = carried_type = None
     try:
         pickle.loads(pickle.dumps(exc))
         carried = exc
-    except Exception:  # some exceptions cannot cross a process boundary
-        carried = None
+    except Exception:  # the instance cannot cross a process boundary ...
+        try:
+            pickle.loads(pickle.dumps(exc_type))
+            carried_type = exc_type  # ... but its class can
+        except Exception:
+            pass
     return Failure(
         worker_id=worker_id,
         pid=os.getpid(),
@@ -53,6 +58,7 @@ def capture_failure(worker_id: Optional[int], where: str) -> Failure:
         exc_module=exc_type.__module__,
         traceback_text=text,
         exception=carried,
+        exception_type=carried_type,
     )
 
 
@@ -66,6 +72,8 @@ class _KeyErrorMessage(str):
 def _exception_type(failure: Failure) -> type:
     if failure.exception is not None:
         return type(failure.exception)
+    if failure.exception_type is not None:
+        return failure.exception_type
     import builtins
 
     found = getattr(builtins, failure.exc_type_name, None)

@@ -17,6 +17,7 @@ import enum
 import itertools
 import os
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_ready
@@ -25,8 +26,9 @@ from typing import Any, Callable, Iterator, Optional
 from .errors import WorkerDiedError, describe_exit, describe_indices, rebuild_exception
 from .fetch import EndOfData, FetchSpec, fetch_in_main, make_fetcher
 from .launch import Channels, WorkerProcess, deliver_config, pickle_config, start_worker
-from .messages import Batch, Exhausted, InitFailed, Stop, Task, TaskFailed
+from .messages import Batch, Exhausted, InitFailed, Ready, Stop, Task, TaskFailed
 from .pickling import check_picklable
+from .shm import SPARE_SLOTS_PER_WORKER, SlotPool, torch_from_numpy
 from .worker import WorkerConfig, _send, receive
 
 #: After Stop, how long workers get to finish and exit before they are killed.
@@ -80,7 +82,7 @@ class _Worker:
     id: int
     process: WorkerProcess
     channels: Channels
-    #: (epoch_id, batch_index) of tasks sent and not yet answered, oldest first.
+    #: (epoch_id, batch_index, slot) of tasks sent and not yet answered, oldest first.
     outstanding: deque = field(default_factory=deque)
     #: False once its copy of an iterable dataset ran out this epoch.
     active: bool = True
@@ -99,6 +101,8 @@ class ProcessConfig:
     timeout_s: float
     worker_init_fn: Optional[Callable[[int], None]]
     base_seed: int
+    #: Move arrays through shared-memory slots (else pickled through pipes).
+    shared_memory: bool = True
 
 
 class ProcessExecutor:
@@ -125,6 +129,10 @@ class ProcessExecutor:
         self._arrivals: deque = deque()
         self._next_to_deliver = 0
         self._cycle = itertools.count()
+        self._slots: Optional[SlotPool] = None
+        self._noted = False
+        #: Workers that have not said Ready yet; nothing is delivered until none.
+        self._starting: set[int] = set()
 
     # ----------------------------------------------------------------- start
     def start(self) -> None:
@@ -137,8 +145,11 @@ class ProcessExecutor:
                 {"dataset": cfg.spec.dataset, "collate_fn": cfg.spec.collate_fn, "worker_init_fn": cfg.worker_init_fn},
                 method,
             )
+        self._slots = self._make_slots()
+        all_slot_fds = tuple(fd for fds in self._slots.fds for fd in fds) if self._slots else ()
         try:
             for wid in range(cfg.num_workers):
+                own_slots = tuple(self._slots.fds[wid]) if self._slots else ()
                 channels = Channels()
                 worker_config = WorkerConfig(
                     worker_id=wid,
@@ -147,19 +158,35 @@ class ProcessExecutor:
                     fetch=cfg.spec,
                     worker_init_fn=cfg.worker_init_fn,
                     parent_pid=os.getpid() if method != "forkserver" else None,
-                    close_fds=self._main_fds() + channels.main_fds(),
+                    close_fds=self._main_fds() + channels.main_fds() + tuple(fd for fd in all_slot_fds if fd not in own_slots),
+                    slot_fds=own_slots,
                 )
                 if method != "fork":
                     payload_by_worker[wid] = pickle_config(worker_config)
                 process = start_worker(method, worker_config, payload_by_worker[wid], channels)
                 channels.close_worker_ends()
                 self._workers.append(_Worker(wid, process, channels))
+                self._starting.add(wid)
             for worker in self._workers:
                 deliver_config(method, worker.channels, payload_by_worker[worker.id])
         except BaseException:
             self.shutdown()
             raise
         self.state = Lifecycle.RUNNING
+
+    def _make_slots(self) -> Optional[SlotPool]:
+        cfg = self.config
+        if not cfg.shared_memory:
+            return None
+        try:
+            return SlotPool(cfg.num_workers, cfg.prefetch_factor + SPARE_SLOTS_PER_WORKER)
+        except OSError as exc:
+            warnings.warn(
+                f"conveyor: shared memory (memfd_create) is unavailable here ({exc}); batches travel "
+                f"through pipes instead (same data, slower).",
+                stacklevel=4,
+            )
+            return None
 
     def _main_fds(self) -> tuple:
         return tuple(fd for w in self._workers for fd in w.channels.main_fds())
@@ -223,18 +250,32 @@ class ProcessExecutor:
         if self.config.spec.iterable:
             # Round robin, as torch: which worker serves a batch decides its content.
             return active[turn % len(active)]
-        # Map-style: the least busy worker; content does not depend on it.
-        return min(active, key=lambda w: (len(w.outstanding), (w.id - turn) % len(self._workers)))
+        # Map-style: the least busy worker with a free slot; content does not depend on it.
+        slots = self._slots
+        return min(
+            active,
+            key=lambda w: (
+                slots is not None and not slots.has_free(w.id),
+                len(w.outstanding),
+                (w.id - turn) % len(self._workers),
+            ),
+        )
 
     def _send_task(self, worker: _Worker, planned: PlannedBatch) -> None:
-        task = Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices)
+        slot = self._slots.lend(worker.id) if self._slots is not None else None
+        task = Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices, slot)
         try:
             _send(worker.channels.tasks, task)
         except (BrokenPipeError, OSError):
+            self._give_back(worker, slot)
             self._on_worker_exit(worker)
             return
-        worker.outstanding.append((self._epoch_id, planned.batch_index))
+        worker.outstanding.append((self._epoch_id, planned.batch_index, slot))
         self._pending[planned.batch_index] = planned
+
+    def _give_back(self, worker: _Worker, slot: Optional[int]) -> None:
+        if self._slots is not None:
+            self._slots.give_back(worker.id, slot)
 
     # ------------------------------------------------------------- collect
     def _wait(self, deadline: Optional[float]) -> None:
@@ -269,10 +310,17 @@ class ProcessExecutor:
     def _handle(self, worker: _Worker, message: Any) -> None:
         if isinstance(message, InitFailed):
             self._fail(rebuild_exception(message.failure, f"(conveyor: while starting worker {message.worker_id}, pid {worker.process.pid})"))
-        if worker.outstanding:
-            worker.outstanding.popleft()
+        if isinstance(message, Ready):
+            self._starting.discard(message.worker_id)
+            return
+        slot = worker.outstanding.popleft()[2] if worker.outstanding else None
         if message.epoch_id != self._epoch_id or message.batch_index not in self._pending:
+            self._give_back(worker, slot)
             return  # a result of an abandoned epoch
+        if isinstance(message, Batch):
+            message = Batch(message.epoch_id, message.batch_index, message.worker_id, self._decode(worker, slot, message))
+        else:
+            self._give_back(worker, slot)
         if isinstance(message, Exhausted):
             worker.active = False
             self._pending.pop(message.batch_index)
@@ -282,7 +330,29 @@ class ProcessExecutor:
         self._ready[message.batch_index] = message
         self._arrivals.append(message.batch_index)
 
+    def _decode(self, worker: _Worker, slot: Optional[int], message: Batch) -> Any:
+        """The batch as the user gets it: views on the slot, tensors if asked."""
+        if message.note and not self._noted:
+            self._noted = True
+            warnings.warn(
+                f"conveyor: {message.note}. Batches that do not fit travel through pipes instead (same "
+                f"data, slower). Free memory, or lower batch_size, prefetch_factor or num_workers.",
+                stacklevel=5,
+            )
+        if slot is None or message.used == 0:
+            self._give_back(worker, slot)
+            data = message.data
+        else:
+            data = self._slots.decode(message.data, worker.id, slot, message.slot_size, message.used, torch_from_numpy)
+        if self.config.spec.to_torch:
+            from ..collate import to_torch
+
+            data = to_torch(data)
+        return data
+
     def _take_ready(self) -> tuple[bool, Any]:
+        if self._starting:
+            return False, None
         if self.config.in_order:
             while self._next_to_deliver in self._skipped:
                 self._skipped.discard(self._next_to_deliver)
@@ -319,7 +389,7 @@ class ProcessExecutor:
     def _busy_text(self) -> str:
         parts = []
         for w in self._workers:
-            current = [b for e, b in w.outstanding if e == self._epoch_id and b in self._pending]
+            current = [b for e, b, _ in w.outstanding if e == self._epoch_id and b in self._pending]
             if current:
                 planned = self._pending[current[0]]
                 parts.append(
@@ -338,7 +408,7 @@ class ProcessExecutor:
         worker.process.join(_REAP_TIMEOUT_S)
         if self.state is not Lifecycle.RUNNING:
             return
-        current = [b for e, b in worker.outstanding if e == self._epoch_id and b in self._pending]
+        current = [b for e, b, _ in worker.outstanding if e == self._epoch_id and b in self._pending]
         if current:
             doing = f"It was loading batch {current[0]} ({describe_indices(self._pending[current[0]].indices)})."
         else:
@@ -372,8 +442,13 @@ class ProcessExecutor:
         wait up to ``_STOP_GRACE_S``; 3. kill what is left and reap it;
         4. close pipes and sentinels."""
         workers, self._workers = self._workers, []
-        if not workers:
-            return
+        if workers:
+            self._stop_processes(workers)
+        if self._slots is not None:
+            self._slots.close()
+
+    @staticmethod
+    def _stop_processes(workers: list) -> None:
         for w in workers:  # 1
             try:
                 os.set_blocking(w.channels.tasks.fileno(), False)

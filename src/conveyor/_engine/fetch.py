@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
+from .. import collate as _collate
 from .. import rng
 from ..dataset import fetch_many
+
+Allocate = Callable[[tuple, Any], Any]
 
 
 class EndOfData(Exception):
@@ -27,6 +30,39 @@ class FetchSpec:
     batch_size: Optional[int]
     drop_last: bool
     collate_fn: Callable[[Any], Any]
+    #: In workers: collate into an allocator (shared memory) with numpy
+    #: leaves, instead of calling ``collate_fn``; None for a user's collate_fn.
+    collate_into: Optional[Callable[[Any, Allocate], Any]] = None
+    #: The main process turns numpy leaves into tensors (``to_torch``) to
+    #: give what ``collate_fn`` would have given.
+    to_torch: bool = False
+
+    def collate(self, samples: Any, allocate: Optional[Allocate]) -> Any:
+        """``collate_fn(samples)``, or the numpy route into ``allocate`` when
+        one is given and the collate function has such a route."""
+        if allocate is not None and self.collate_into is not None:
+            return self.collate_into(samples, allocate)
+        return self.collate_fn(samples)
+
+
+def _convert_into(sample: Any, allocate: Allocate) -> Any:
+    return _collate.default_convert(sample)
+
+
+def collate_route(collate_fn: Callable[[Any], Any]) -> tuple[Optional[Callable[[Any, Allocate], Any]], bool]:
+    """(numpy route into an allocator, whether the main process converts to
+    torch) for conveyor's own collate functions; (None, False) for others."""
+    if collate_fn is _collate.default_collate:
+        return _collate.collate_into, False
+    if collate_fn is _collate.torch_default_collate:
+        return _collate.collate_into, True
+    if collate_fn is _collate.default_convert:
+        return _convert_into, False
+    if collate_fn is _collate.torch_default_convert:
+        return _convert_into, True
+    if isinstance(collate_fn, _collate.PadCollate):
+        return collate_fn.collate_into, isinstance(collate_fn, _collate.TorchPadCollate)
+    return None, False
 
 
 class MapFetcher:
@@ -35,11 +71,11 @@ class MapFetcher:
     def __init__(self, spec: FetchSpec):
         self.spec = spec
 
-    def fetch(self, indices: Any) -> Any:
+    def fetch(self, indices: Any, allocate: Optional[Allocate] = None) -> Any:
         spec = self.spec
         if spec.auto_collation:
-            return spec.collate_fn(fetch_many(spec.dataset, indices))
-        return spec.collate_fn(spec.dataset[indices])
+            return spec.collate(fetch_many(spec.dataset, indices), allocate)
+        return spec.collate(spec.dataset[indices], allocate)
 
 
 class IterableFetcher:
@@ -56,7 +92,7 @@ class IterableFetcher:
         self._iterator = iter(self.spec.dataset)
         self.ended = False
 
-    def fetch(self, indices: Any) -> Any:
+    def fetch(self, indices: Any, allocate: Optional[Allocate] = None) -> Any:
         spec = self.spec
         if self._iterator is None:
             self.restart()
@@ -68,7 +104,7 @@ class IterableFetcher:
             except StopIteration:
                 self.ended = True
                 raise EndOfData from None
-            return spec.collate_fn(item)
+            return spec.collate(item, allocate)
         samples = []
         for _ in range(spec.batch_size):
             try:
@@ -78,19 +114,19 @@ class IterableFetcher:
                 break
         if not samples or (spec.drop_last and len(samples) < spec.batch_size):
             raise EndOfData
-        return spec.collate_fn(samples)
+        return spec.collate(samples, allocate)
 
 
 def make_fetcher(spec: FetchSpec):
     return IterableFetcher(spec) if spec.iterable else MapFetcher(spec)
 
 
-def fetch_seeded(fetcher, indices: Any, seed: Optional[int]) -> Any:
+def fetch_seeded(fetcher, indices: Any, seed: Optional[int], allocate: Optional[Allocate] = None) -> Any:
     """Seed ``random``, ``numpy.random`` and torch (when loaded) with the
     batch's seed, then load the batch. ``seed=None`` leaves them alone."""
     if seed is not None:
         rng.seed_global_generators(seed)
-    return fetcher.fetch(indices)
+    return fetcher.fetch(indices, allocate)
 
 
 def fetch_in_main(fetcher, indices: Any, seed: Optional[int]) -> Any:

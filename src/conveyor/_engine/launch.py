@@ -19,6 +19,7 @@ import os
 import pickle
 import subprocess
 import sys
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any, Optional
 
@@ -116,6 +117,21 @@ class Channels:
         self.results.close()
 
 
+def _rebuild_fd(handle: Any) -> int:
+    return handle.detach()
+
+
+class _PassedFd:
+    """A descriptor handed to a forkserver child: pickled through
+    multiprocessing's DupFd while the Process starts, a number again there."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _rebuild_fd, (reduction.DupFd(self.fd),)
+
+
 def resolve_start_method(context: Any) -> str:
     """``None`` → the platform default; a name or a context → its name."""
     if context is None:
@@ -142,18 +158,24 @@ def start_worker(method: str, config: WorkerConfig, payload: Optional[bytes], ch
         ctx = multiprocessing.get_context("forkserver")
         proc = ctx.Process(
             target=pickled_entry,
-            args=(config.worker_id, payload, channels.worker_tasks, channels.worker_results),
+            args=(
+                config.worker_id,
+                payload,
+                channels.worker_tasks,
+                channels.worker_results,
+                tuple(_PassedFd(fd) for fd in config.slot_fds),
+            ),
             name=f"conveyor-worker-{config.worker_id}",
             daemon=True,
         )
         proc.start()
         return WorkerProcess(proc.pid, proc.sentinel, proc)
     if method == "spawn":
-        return _spawn(config.worker_id, channels)
+        return _spawn(config.worker_id, channels, config.slot_fds)
     raise ValueError(f"unknown start method {method!r}; expected one of {START_METHODS}")
 
 
-def _spawn(worker_id: int, channels: Channels) -> WorkerProcess:
+def _spawn(worker_id: int, channels: Channels, slot_fds: tuple) -> WorkerProcess:
     task_fd, result_fd = channels.worker_tasks.fileno(), channels.worker_results.fileno()
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
@@ -161,7 +183,7 @@ def _spawn(worker_id: int, channels: Channels) -> WorkerProcess:
     code = "from conveyor._engine.worker import spawn_main; spawn_main()"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, str(task_fd), str(result_fd), str(worker_id)],
-        pass_fds=(task_fd, result_fd),
+        pass_fds=(task_fd, result_fd, *slot_fds),
         env=env,
         stdin=subprocess.DEVNULL,
     )

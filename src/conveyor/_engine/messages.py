@@ -4,7 +4,7 @@ Every message is a named frozen dataclass; nothing is told apart by a tuple's
 length or position. They are pickled on the way, so they hold plain values.
 
     main ──Task / Stop──────────────────────────▶ worker
-    main ◀──Batch / TaskFailed / Exhausted / InitFailed── worker
+    main ◀──Ready / Batch / TaskFailed / Exhausted / InitFailed── worker
 """
 
 from __future__ import annotations
@@ -28,11 +28,23 @@ class Task:
     batch_index: int
     seed: int
     indices: Any
+    #: Which of this worker's shared-memory slots to write the batch into;
+    #: None: send it inline (no slot free, or shared memory is off).
+    slot: Optional[int] = None
 
 
 @dataclass(frozen=True)
 class Stop:
     """Finish: leave the loop and exit cleanly."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Set-up (seeding, ``worker_init_fn``) succeeded. No batch is delivered
+    before every worker is ready, so a failing ``worker_init_fn`` is always
+    the first thing the user hears of."""
+
+    worker_id: int
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,12 @@ class Batch:
     batch_index: int
     worker_id: int
     data: Any
+    #: Bytes of the slot the arrays lie in (0: everything is inline in ``data``).
+    used: int = 0
+    #: The slot's size now (the main process maps at least this much).
+    slot_size: int = 0
+    #: A one-time remark for the user (shared memory exhausted, say).
+    note: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,9 @@ class Failure:
     exc_module: str
     traceback_text: str
     exception: Any = None
+    #: The exception's class, when the instance could not travel but its
+    #: class can (by reference), so the user still catches the right type.
+    exception_type: Any = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ re-import the user's ``__main__``).
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import os
 import pickle
 import sys
@@ -26,12 +28,22 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
+
 from .. import rng
 from .errors import capture_failure
 from . import info as _info
 from .fetch import EndOfData, FetchSpec, fetch_seeded, make_fetcher
 from .info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
-from .messages import Batch, Exhausted, InitFailed, Stop, Task, TaskFailed
+from .messages import Batch, Exhausted, InitFailed, Ready, Stop, Task, TaskFailed
+from .shm import SlotWriter, encode
+
+#: glibc returns freed memory above this much to the kernel; every sample a
+#: dataset makes then lands on fresh pages, which cost ~10x more to write
+#: than reused ones. Workers keep up to this much freed memory for reuse.
+_MALLOC_TRIM_THRESHOLD_BYTES = 256 << 20
+#: Allocations below this come from the reusable heap, not a fresh mmap.
+_MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
 
 #: How often a worker checks that its parent is alive. Short enough that
 #: workers of a killed main process are gone well within a second.
@@ -49,6 +61,8 @@ class WorkerConfig:
     worker_init_fn: Optional[Callable[[int], None]]
     parent_pid: Optional[int]
     close_fds: tuple = ()
+    #: This worker's shared-memory slots (memfd descriptors), by slot number.
+    slot_fds: tuple = ()
 
 
 def _set_worker_info(config: WorkerConfig) -> None:
@@ -81,6 +95,19 @@ def _start_parent_watch(parent_pid: Optional[int]) -> None:
     if os.getppid() != expected:
         os._exit(0)
     threading.Thread(target=_watch_parent, args=(expected,), name="conveyor-parent-watch", daemon=True).start()
+
+
+def _keep_freed_memory() -> None:
+    """Let malloc reuse freed memory instead of giving it back and faulting
+    in fresh pages for the next sample (glibc only; a no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    mallopt(m_trim_threshold, _MALLOC_TRIM_THRESHOLD_BYTES)
+    mallopt(m_mmap_threshold, _MALLOC_MMAP_THRESHOLD_BYTES)
 
 
 def _send(conn, message: Any) -> None:
@@ -117,6 +144,9 @@ def run_worker(config: WorkerConfig, task_conn, result_conn) -> None:
     except Exception:
         _send(result_conn, InitFailed(wid, capture_failure(wid, where)))
         return
+    _send(result_conn, Ready(wid))
+    writers = [SlotWriter(fd) for fd in config.slot_fds]
+    noted = False
     epoch_id = None
     while True:
         try:
@@ -129,18 +159,41 @@ def run_worker(config: WorkerConfig, task_conn, result_conn) -> None:
             epoch_id = task.epoch_id
             if config.fetch.iterable:
                 fetcher.restart()
-        try:
-            data = fetch_seeded(fetcher, task.indices, task.seed)
-            message: Any = Batch(task.epoch_id, task.batch_index, wid, data)
-        except EndOfData:
-            message = Exhausted(task.epoch_id, task.batch_index, wid)
-        except Exception:
-            message = TaskFailed(task.epoch_id, task.batch_index, wid, task.indices, capture_failure(wid, where))
+        writer = writers[task.slot] if task.slot is not None else None
+        message = _load(config, fetcher, task, writer, where)
+        if writer is not None and writer.full and not noted and isinstance(message, Batch):
+            noted = True
+            message = Batch(message.epoch_id, message.batch_index, wid, message.data, message.used, message.slot_size,
+                            note=writer.full)
         try:
             _send_result(result_conn, message, task)
         except (BrokenPipeError, OSError):
             return
-        data = message = None  # let the batch go before waiting for the next task
+        message = None  # let the batch go before waiting for the next task
+
+
+def _load(config: WorkerConfig, fetcher: Any, task: Task, writer: Optional[SlotWriter], where: str) -> Any:
+    """Load one task into a result message: a Batch (arrays in the slot when
+    there is one), Exhausted, or TaskFailed."""
+    wid = config.worker_id
+    spec = config.fetch
+    allocate = None
+    if spec.collate_into is not None:
+        # conveyor's own collate: numpy leaves, straight into the slot if any;
+        # the main process converts to torch if the user asked for tensors.
+        allocate = writer.allocate if writer is not None else np.empty
+    try:
+        if writer is not None:
+            writer.begin()
+        data = fetch_seeded(fetcher, task.indices, task.seed, allocate)
+        if writer is None:
+            return Batch(task.epoch_id, task.batch_index, wid, data)
+        encoded, used = encode(data, writer)
+        return Batch(task.epoch_id, task.batch_index, wid, encoded, used, writer.size)
+    except EndOfData:
+        return Exhausted(task.epoch_id, task.batch_index, wid)
+    except Exception:
+        return TaskFailed(task.epoch_id, task.batch_index, wid, task.indices, capture_failure(wid, where))
 
 
 def _worker_main(config: WorkerConfig, task_conn, result_conn) -> None:
@@ -148,6 +201,7 @@ def _worker_main(config: WorkerConfig, task_conn, result_conn) -> None:
     # KeyboardInterrupt and stops the workers, so a worker leaves quietly.
     try:
         _start_parent_watch(config.parent_pid)
+        _keep_freed_memory()
         run_worker(config, task_conn, result_conn)
     except KeyboardInterrupt:
         pass
@@ -176,10 +230,12 @@ def _config_failed(worker_id: int, result_conn) -> None:
     os._exit(0)
 
 
-def pickled_entry(worker_id: int, payload: bytes, task_conn, result_conn) -> None:
-    """Entry under ``forkserver``: the config arrives cloudpickled."""
+def pickled_entry(worker_id: int, payload: bytes, task_conn, result_conn, slot_fds: tuple = ()) -> None:
+    """Entry under ``forkserver``: the config arrives cloudpickled; the slot
+    descriptors arrive beside it (passed by the forkserver, renumbered)."""
     try:
         config = pickle.loads(payload)
+        config = dataclasses.replace(config, slot_fds=tuple(int(fd) for fd in slot_fds))
     except Exception:
         _config_failed(worker_id, result_conn)
     _worker_main(config, task_conn, result_conn)

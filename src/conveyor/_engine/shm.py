@@ -1,0 +1,322 @@
+"""Shared-memory slots: batches travel between processes without pickling
+their bytes and without a fresh allocation per batch.
+
+    main: SlotPool ── creates memfds, lends slot k of worker w in a Task ──▶ worker
+    worker: SlotWriter(k) ── collate allocates in slot k (grows it if needed) ──▶ Batch header
+    main: SlotPool.decode ── views on slot k ── user ── last view dropped ──▶ slot k free again
+
+Ownership rule:
+  * The main process creates every slot (an anonymous ``memfd``: no file in
+    /dev/shm, and the kernel frees the memory when the last descriptor and
+    mapping are gone, whichever process dies) before the workers start; each
+    worker inherits the descriptors of its own slots.
+  * A slot belongs to the worker from the moment a Task names it until the
+    worker's Batch arrives; then to the main process while any array or tensor
+    handed to the user refers to it; then it is free. Only the main process
+    decides which slot a task writes to, so a slot in use is never written.
+  * Only the worker grows a slot (``ftruncate`` + ``posix_fallocate``, so a
+    full memory fails there with an error instead of a Bus error later); the
+    main process maps the new size when a header says so.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import copy
+import mmap
+import os
+import sys
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+#: Arrays start at multiples of this (cache lines, and what SIMD loads like).
+_ALIGN_BYTES = 64
+#: Slots grow by at least this factor, so a growing batch size remaps rarely.
+_GROWTH_FACTOR = 1.5
+#: Batches smaller than this travel inside the header instead: mapping views
+#: and tracking their lifetime costs more than copying a few kilobytes.
+INLINE_MAX_BYTES = 32 * 1024
+#: Spare slots per worker beyond prefetch_factor: one for the batch the user
+#: holds, the rest for users who keep a few batches. Unused slots cost a file
+#: descriptor and no memory (they are never grown).
+SPARE_SLOTS_PER_WORKER = 3
+#: numpy dtype kinds that can live in shared memory.
+_PLAIN_KINDS = "biufcmM"
+
+
+class SlotFull(Exception):
+    """The slot could not grow (the system is out of shared memory)."""
+
+
+def create_slot_fds(count: int) -> list[int]:
+    """``count`` empty anonymous memory files (raises OSError without memfd)."""
+    fds = []
+    try:
+        for _ in range(count):
+            fds.append(os.memfd_create("conveyor-slot", os.MFD_CLOEXEC))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """Where one array of a batch lies in its slot."""
+
+    offset: int
+    shape: tuple
+    dtype: str
+    torch: bool  # hand it out as a torch tensor
+
+
+class SlotWriter:
+    """Worker side of one slot: a bump allocator over a growable memfd."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+        self._map: Optional[mmap.mmap] = mmap.mmap(fd, self.size) if self.size else None
+        self._offset = 0
+        self._maps: list[tuple[int, int, Any]] = []  # (address, size, mmap) usable this task
+        #: Why the slot could not grow, once; the batch then travels inline.
+        self.full: Optional[str] = None
+
+    def begin(self) -> None:
+        """Start a batch: allocations begin at offset 0 again."""
+        self._offset = 0
+        self._maps = [] if self._map is None else [(_address(np.frombuffer(self._map, np.uint8)), self.size, self._map)]
+
+    @property
+    def used(self) -> int:
+        return self._offset
+
+    def _grow(self, needed: int) -> None:
+        new_size = _round_up(max(needed, int(self.size * _GROWTH_FACTOR)), mmap.PAGESIZE)
+        try:
+            os.ftruncate(self.fd, new_size)
+            os.posix_fallocate(self.fd, 0, new_size)
+        except OSError as exc:
+            raise SlotFull(f"cannot grow a shared-memory slot to {new_size} bytes: {exc}") from exc
+        self.size = new_size
+        self._map = mmap.mmap(self.fd, new_size)
+        # Arrays already carved from the old mapping stay valid: same file.
+        self._maps.append((_address(np.frombuffer(self._map, np.uint8)), new_size, self._map))
+
+    def allocate(self, shape: tuple, dtype: Any) -> np.ndarray:
+        """An uninitialised array in this slot (the collate ``allocate`` hook);
+        an ordinary array if the slot cannot grow (it then travels inline)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        start = _round_up(self._offset, _ALIGN_BYTES)
+        if start + nbytes > self.size:
+            try:
+                self._grow(start + nbytes)
+            except SlotFull as exc:
+                self.full = str(exc)
+                return np.empty(shape, dtype)
+        self._offset = start + nbytes
+        return np.ndarray(shape, dtype=dtype, buffer=self._map, offset=start)
+
+    def offset_of(self, array: np.ndarray) -> Optional[int]:
+        """The file offset of ``array`` if it was carved from this slot this task."""
+        if not array.flags.c_contiguous:
+            return None
+        address = _address(array)
+        for base, size, _ in self._maps:
+            if base <= address and address + array.nbytes <= base + size:
+                return address - base
+        return None
+
+    def close(self) -> None:
+        self._maps = []
+        self._map = None
+
+
+# ----------------------------------------------------------------- encoding
+
+
+def _rebuild(template: Any, values: Any) -> Any:
+    """A container like ``template`` holding ``values`` (a dict or a list)."""
+    if isinstance(template, dict):
+        if type(template) is dict:
+            return values
+        clone = copy.copy(template)
+        clone.clear()
+        clone.update(values)
+        return clone
+    if isinstance(template, tuple) and hasattr(template, "_fields"):
+        return type(template)(*values)
+    if type(template) in (list, tuple):
+        return type(template)(values)
+    return None
+
+
+def _map_tree(data: Any, leaf: Callable[[Any], Any]) -> Any:
+    """Apply ``leaf`` to every non-container of ``data``, rebuilding dicts,
+    lists, tuples and namedtuples; other containers are leaves."""
+    if isinstance(data, dict):
+        rebuilt = _rebuild(data, {k: _map_tree(v, leaf) for k, v in data.items()})
+        if rebuilt is not None:
+            return rebuilt
+    elif isinstance(data, (list, tuple)):
+        rebuilt = _rebuild(data, [_map_tree(v, leaf) for v in data])
+        if rebuilt is not None:
+            return rebuilt
+    return leaf(data)
+
+
+def _tensor_as_numpy(value: Any) -> Optional[np.ndarray]:
+    """A numpy view of a plain CPU tensor, or None if it cannot be one."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor):
+        return None
+    if value.device.type != "cpu" or value.layout != torch.strided or value.requires_grad:
+        return None
+    if value.is_conj() or value.is_neg() or type(value) is not torch.Tensor:
+        return None
+    try:
+        return value.numpy()
+    except (TypeError, RuntimeError):  # bfloat16 and friends have no numpy dtype
+        return None
+
+
+def encode(data: Any, writer: SlotWriter) -> tuple[Any, int]:
+    """Replace each array or CPU tensor of ``data`` by a :class:`Leaf` in the
+    slot (copying it in unless collate already wrote it there).
+
+    Returns the encoded tree and the bytes used, or ``(data, 0)`` when the
+    batch is small enough to travel inline.
+    """
+
+    def leaf(value: Any) -> Any:
+        is_torch = False
+        array = value if isinstance(value, np.ndarray) else None
+        if array is None:
+            array = _tensor_as_numpy(value)
+            is_torch = array is not None
+        if array is None or array.dtype.kind not in _PLAIN_KINDS or array.dtype.hasobject:
+            return value
+        offset = writer.offset_of(array)
+        if offset is None:
+            target = writer.allocate(array.shape, array.dtype.newbyteorder("="))
+            offset = writer.offset_of(target)
+            if offset is None:  # the slot is full: this one travels inline
+                return value
+            np.copyto(target, array, casting="unsafe")
+        return Leaf(offset, array.shape, array.dtype.newbyteorder("=").str, is_torch)
+
+    if writer.used < INLINE_MAX_BYTES and _small(data):
+        return data, 0
+    encoded = _map_tree(data, leaf)
+    return encoded, writer.used
+
+
+def _small(data: Any) -> bool:
+    """Whether every array outside the slot is small too (a custom collate's
+    output, which the slot has not seen yet)."""
+    total = 0
+
+    def leaf(value: Any) -> Any:
+        nonlocal total
+        nbytes = getattr(value, "nbytes", None)
+        if isinstance(nbytes, int):
+            total += nbytes
+        return value
+
+    _map_tree(data, leaf)
+    return total < INLINE_MAX_BYTES
+
+
+# ----------------------------------------------------------------- main side
+
+
+class SlotPool:
+    """Main side: the slots of every worker, which are free, and views on them.
+
+    Free slots are a stack per worker: the most recently freed slot (warm in
+    the caches, already grown) is lent first, so a steady loop touches only
+    ``prefetch_factor + 1`` slots per worker.
+    """
+
+    def __init__(self, num_workers: int, slots_per_worker: int):
+        self.slots_per_worker = slots_per_worker
+        self.fds: list[list[int]] = [create_slot_fds(slots_per_worker) for _ in range(num_workers)]
+        self._free: list[list[int]] = [list(range(slots_per_worker - 1, -1, -1)) for _ in range(num_workers)]
+        self._maps: dict[tuple[int, int], mmap.mmap] = {}
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def has_free(self, worker: int) -> bool:
+        return bool(self._free[worker])
+
+    def lend(self, worker: int) -> Optional[int]:
+        """A free slot of ``worker`` for its next task, or None."""
+        with self._lock:
+            return self._free[worker].pop() if self._free[worker] else None
+
+    def give_back(self, worker: int, slot: Optional[int]) -> None:
+        """Mark a slot free (its batch was dropped, or never used it)."""
+        if slot is None:
+            return
+        with self._lock:
+            if not self.closed:
+                self._free[worker].append(slot)
+
+    def _mapping(self, worker: int, slot: int, size: int) -> mmap.mmap:
+        key = (worker, slot)
+        current = self._maps.get(key)
+        if current is None or len(current) < size:
+            # A smaller old mapping stays alive as long as arrays use it.
+            current = mmap.mmap(self.fds[worker][slot], size)
+            self._maps[key] = current
+        return current
+
+    def decode(self, data: Any, worker: int, slot: int, slot_size: int, used: int, to_torch: Callable[[np.ndarray], Any]) -> Any:
+        """Views on the slot in place of each :class:`Leaf`; the slot is free
+        again once every view (and tensor on one) is gone."""
+        slab = np.frombuffer(self._mapping(worker, slot, slot_size), np.uint8, count=used)
+        weakref.finalize(slab, self.give_back, worker, slot)
+
+        def leaf(value: Any) -> Any:
+            if not isinstance(value, Leaf):
+                return value
+            dtype = np.dtype(value.dtype)
+            count = int(np.prod(value.shape, dtype=np.int64))
+            array = slab[value.offset : value.offset + count * dtype.itemsize].view(dtype).reshape(value.shape)
+            return to_torch(array) if value.torch else array
+
+        return _map_tree(data, leaf)
+
+    def close(self) -> None:
+        """Close every descriptor. Mappings that batches still use stay valid."""
+        with self._lock:
+            self.closed = True
+        for fds in self.fds:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.fds = [[] for _ in self.fds]
+        self._maps.clear()
+
+
+def torch_from_numpy(array: np.ndarray) -> Any:
+    """Zero-copy tensor on a view (imports torch: the batch held tensors)."""
+    import torch
+
+    return torch.from_numpy(array)
