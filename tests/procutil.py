@@ -9,6 +9,8 @@ CONFIG_PROC_CHILDREN, which some kernels lack.)
     children(pid)         {child pid: state} of every direct child
     wait_until_gone(pids) poll until none of them runs (zombies count as gone:
                           an orphan's zombie is its new parent's to reap)
+    leaked(before)        descendants that appeared since ``before``, zombies
+                          included, multiprocessing's own servers excluded
 """
 
 from __future__ import annotations
@@ -98,13 +100,34 @@ def wait_until_gone(pids: Iterable[int], timeout_s: float = 5.0) -> list[int]:
     return left
 
 
-def new_children(before: dict[int, str], timeout_s: float = 0.0) -> dict[int, str]:
-    """Children of this process that were not in ``before`` (zombies
-    included: an unreaped worker is a leak). With ``timeout_s``, keep looking
-    until they are gone or the time is up."""
+#: multiprocessing starts these helpers once per process and keeps them; they
+#: are not a loader's workers. (Workers forked by the forkserver share its
+#: command line but are its children, not ours.)
+_MP_SERVERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return ""
+
+
+def is_mp_server(pid: int, owner: Optional[int] = None) -> bool:
+    """True for multiprocessing's forkserver or resource tracker of ``owner``."""
+    owner = os.getpid() if owner is None else owner
+    return parent(pid) == owner and any(name in cmdline(pid) for name in _MP_SERVERS)
+
+
+def leaked(before: dict[int, str], timeout_s: float = 0.0) -> dict[int, str]:
+    """Descendants of this process that were not in ``before`` (zombies
+    included: an unreaped worker is a leak), leaving out multiprocessing's
+    forkserver and resource tracker. With ``timeout_s``, look again until
+    none is left or the time is up."""
     deadline = time.monotonic() + timeout_s
     while True:
-        extra = {p: s for p, s in children().items() if p not in before}
+        extra = {p: s for p, s in descendants().items() if p not in before and not is_mp_server(p)}
         if not extra or time.monotonic() >= deadline:
             return extra
         time.sleep(POLL_S)

@@ -32,6 +32,7 @@ from .sampler import (
 )
 from ._engine.info import WorkerInfo, get_worker_info
 from .sharding import ShardedIterable
+from .state import Stateful
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,7 @@ __all__ = [
     "SequentialSampler",
     "ShardedIterable",
     "StackDataset",
+    "Stateful",
     "Subset",
     "SubsetRandomSampler",
     "TensorDataset",

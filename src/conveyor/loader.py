@@ -22,11 +22,14 @@ import os
 import sys
 import warnings
 import weakref
-from typing import Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, TypeVar
 
 from . import collate as _collate
 from . import rng
 from . import sampler as _sampler
+from . import state as _state
 from ._engine.executor import InProcessExecutor, PlannedBatch, ProcessConfig, ProcessExecutor
 from ._engine.fetch import FetchSpec, collate_route
 from ._engine.launch import START_METHODS, resolve_start_method
@@ -185,6 +188,11 @@ class DataLoader(Generic[T_co]):
         self._executor: Optional[ProcessExecutor] = None
         self._finalizer: Optional[weakref.finalize] = None
         self._IterableDataset_len_called: Optional[int] = None
+        # Resuming (conveyor.state): a loaded point inside an epoch, waiting for
+        # iter(); what the latest iteration delivered; that iterator, while alive.
+        self._resume: Optional[_state.ResumePoint] = None
+        self._progress: Optional[_state.EpochProgress] = None
+        self._live_iterator: Optional[weakref.ref] = None
         self.__initialized = True
         self._warn_worker_count()
 
@@ -356,10 +364,47 @@ class DataLoader(Generic[T_co]):
         """
         if not _is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        _state.drop_resume_for_epoch(self, epoch)
         self._epoch = int(epoch)
         for s in (self.sampler, self.batch_sampler):
             if hasattr(s, "set_epoch"):
                 s.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands, as a small versioned dict of plain values.
+
+        It describes the most recent iterator: the next batch it would yield
+        (between batches, mid-epoch), or, once it has finished or before any,
+        the start of the next epoch. It holds the epoch, the epoch's base seed,
+        which batches were delivered, the sampler's state and the generator's,
+        and a checksum; ``json.dumps``, pickle and ``torch.save`` take it (JSON
+        when the sampler's and the dataset's own states are plain).
+
+        Example::
+
+            >>> from conveyor import DataLoader
+            >>> loader = DataLoader(list(range(10)), batch_size=2, shuffle=True, seed=0)
+            >>> it = iter(loader); first = next(it)
+            >>> state = loader.state_dict()
+            >>> resumed = DataLoader(list(range(10)), batch_size=2, shuffle=True, seed=0)
+            >>> resumed.load_state_dict(state)
+            >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
+            True
+        """
+        return _state.save(self)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict`` (from :meth:`state_dict`) at the next ``iter(self)``.
+
+        Build this loader with the same dataset and arguments as the one that
+        saved it; ``num_workers`` may differ for map-style datasets. The next
+        iteration then yields exactly the batches the saved run would have
+        yielded next, without loading the ones before. Raises ValueError,
+        showing both sides, when the state does not fit this loader or was
+        changed after saving, and RuntimeError while an iterator of this
+        loader is inside an epoch. ``{}`` loads nothing, as in torchdata.
+        """
+        _state.load(self, state_dict)
 
     def _fetch_spec(self) -> FetchSpec:
         collate_into, to_torch = collate_route(self.collate_fn)
@@ -395,7 +440,7 @@ class DataLoader(Generic[T_co]):
                 start_method=self._start_method(),
                 prefetch_factor=self.prefetch_factor,
                 in_order=self.in_order,
-                timeout_s=float(self.timeout),
+                timeout_s=self.timeout,
                 worker_init_fn=self.worker_init_fn,
                 base_seed=base_seed,
             )
@@ -409,20 +454,27 @@ class DataLoader(Generic[T_co]):
             return InProcessExecutor(self._fetch_spec()), True
         if not self.persistent_workers:
             return self._new_process_executor(base_seed), True
-        if self._executor is None or self._executor._error is not None:
-            if self._executor is not None:
-                self._executor.shutdown()
+        if self._executor is None or self._executor.broken:
+            if self._finalizer is not None:
+                self._finalizer()  # stops the broken pool and forgets it
             self._executor = self._new_process_executor(base_seed)
             self._finalizer = weakref.finalize(self, self._executor.shutdown)
         return self._executor, False
 
     def __iter__(self) -> "_LoaderIterator":
-        epoch = self._epoch
-        self._epoch += 1
-        base_seed = self._draw_base_seed(epoch)  # before the sampler draws, as torch
+        resume, self._resume = self._resume, None
+        if resume is None:
+            epoch = self._epoch
+            base_seed = self._draw_base_seed(epoch)  # before the sampler draws, as torch
+        else:
+            epoch, base_seed = resume.epoch, resume.base_seed
+        self._epoch = epoch + 1
+        progress = _state.begin_progress(self, epoch, base_seed, resume)
         indices = iter(self._index_sampler)
         executor, owned = self._executor_for(base_seed)
-        return _LoaderIterator(self, executor, owned, epoch, base_seed, indices)
+        iterator = _LoaderIterator(self, executor, owned, progress, indices, resume)
+        self._progress, self._live_iterator = progress, weakref.ref(iterator)
+        return iterator
 
     def _warn_pin_memory(self) -> bool:
         """Whether batches will be pinned; warns once per iterator when they can't be."""
@@ -448,39 +500,85 @@ class DataLoader(Generic[T_co]):
 class _LoaderIterator:
     """One pass over the data. Owns its executor unless workers persist."""
 
-    def __init__(self, loader: DataLoader, executor: Any, owned: bool, epoch: int, base_seed: int, indices: Iterator):
+    def __init__(
+        self,
+        loader: DataLoader,
+        executor: Any,
+        owned: bool,
+        progress: _state.EpochProgress,
+        indices: Iterator,
+        resume: Optional[_state.ResumePoint] = None,
+    ):
         self._loader = loader
         self._executor = executor
         self._owned = owned
-        self.epoch = epoch
-        self.base_seed = base_seed
-        self._num_yielded = 0
+        self.epoch = progress.epoch
+        self.base_seed = progress.base_seed
+        self._progress = progress
+        #: Set when the batches delivered before a resume are loaded again and dropped.
+        self._refetch = resume if resume is not None and resume.refetch else None
+        self._num_yielded = resume.count if resume is not None else 0
         self._len_called = loader._IterableDataset_len_called
         pin = loader._warn_pin_memory()
-        executor.begin_epoch(next(_pass_ids), self._plan(indices, base_seed))
+        first, skip = (resume.first_index, resume.skip) if resume is not None else (0, frozenset())
+        sampler = loader._index_sampler
+        on_first_draw = partial(progress.note_first_draw, sampler) if callable(getattr(sampler, "state_dict", None)) else None
+        plan = self._plan(indices, progress.base_seed, first, skip, resume.sampler_skip if resume else 0, on_first_draw)
+        executor.begin_epoch(next(_pass_ids), plan, first, skip)
+        if loader._iterable and not loader.num_workers:
+            progress.fetcher = executor._fetcher
+            if resume is not None and not resume.refetch:
+                _state.restore_iterator(executor._fetcher, resume.state)
+        take = partial(_take, executor)
         # With workers, batches are pinned in a thread (as torch); in-process, inline.
-        self._pin_thread = PinThread(executor.next_batch, loader.prefetch_factor or 1) if pin and loader.num_workers else None
+        self._pin_thread = PinThread(take, loader.prefetch_factor or 1, _pin_taken) if pin and loader.num_workers else None
         self._pin_inline = pin and not loader.num_workers
-        self._next_batch = self._pin_thread.next_batch if self._pin_thread else executor.next_batch
+        self._next_batch = self._pin_thread.next_batch if self._pin_thread else take
         self._finalizer = weakref.finalize(self, _close_iteration, self._pin_thread, executor if owned else None)
 
     @staticmethod
-    def _plan(indices: Iterator, base_seed: int) -> Iterator[PlannedBatch]:
-        for batch_index, batch in enumerate(indices):
-            yield PlannedBatch(batch_index, batch, rng.derive_seed(base_seed, batch_index))
+    def _plan(
+        indices: Iterator,
+        base_seed: int,
+        first_index: int,
+        skip: frozenset,
+        sampler_skip: int,
+        on_first_draw: Optional[Callable[[], None]],
+    ) -> Iterator[PlannedBatch]:
+        """The epoch's batches from ``first_index`` on, each with its seed,
+        leaving out ``skip``. A resumed sampler that cannot jump draws and
+        drops ``sampler_skip`` batches of indices first (no data is loaded)."""
+        if sampler_skip:
+            indices = itertools.islice(indices, sampler_skip, None)
+        batch_index = first_index
+        for batch in indices:
+            if on_first_draw is not None:
+                on_first_draw()
+                on_first_draw = None
+            if batch_index not in skip:
+                yield PlannedBatch(batch_index, batch, rng.derive_seed(base_seed, batch_index))
+            batch_index += 1
 
     def __iter__(self) -> "_LoaderIterator":
         return self
 
     def __next__(self) -> Any:
-        try:
-            data = self._next_batch()
-        except StopIteration:
-            self._close()
-            raise
+        while True:
+            try:
+                taken = self._next_batch()
+            except StopIteration:
+                self._progress.finished = True
+                self._close()
+                raise
+            self._progress.delivered(taken.index)
+            if self._refetch is not None and self._refetch.already_delivered(taken.index):
+                continue  # delivered before the resume: loaded again only to move the dataset on
+            if taken.error is not None:
+                raise taken.error
+            break
         self._num_yielded += 1
         self._check_length()
-        return pin_tree(data) if self._pin_inline else data
+        return pin_tree(taken.data) if self._pin_inline else taken.data
 
     def _check_length(self) -> None:
         expected = self._len_called
@@ -506,6 +604,34 @@ class _LoaderIterator:
     def __getstate__(self):
         raise TypeError(f"{type(self).__name__} cannot be pickled; save loader.state_dict() instead")
 
+
+
+@dataclass(slots=True)
+class _Taken:
+    """A batch as the executor handed it out: its index, and its data or the
+    exception loading it raised (which still counts as delivered, as in torch)."""
+
+    index: int
+    data: Any = None
+    error: Optional[Exception] = None
+
+
+def _take(executor: Any) -> _Taken:
+    """The executor's next batch and its index. Runs where the executor is
+    called: inline, or in the pin thread (which must not hold the iterator)."""
+    try:
+        data = executor.next_batch()
+    except StopIteration:
+        raise
+    except Exception as error:
+        if executor.last_delivered is None:
+            raise  # the executor's own failure (a dead worker, a timeout), not a batch's
+        return _Taken(executor.last_delivered, error=error)
+    return _Taken(executor.last_delivered, data)
+
+
+def _pin_taken(taken: _Taken) -> _Taken:
+    return taken if taken.error is not None else _Taken(taken.index, pin_tree(taken.data))
 
 
 def _close_iteration(pin_thread: Optional[PinThread], executor: Any) -> None:

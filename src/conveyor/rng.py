@@ -231,6 +231,11 @@ def source_for(generator: Any = None, flavor: str = "numpy") -> RandomSource:
     )
 
 
+#: The seed most recently given to :func:`seed_global_generators` in this
+#: process (a worker seeds torch with it if a dataset imports torch late).
+current_seed: Any = None
+
+
 def seed_global_generators(seed: int) -> None:
     """Seed ``random``, ``numpy.random`` and, when torch is loaded, torch's
     default generator, from one 63-bit seed.
@@ -238,6 +243,8 @@ def seed_global_generators(seed: int) -> None:
     Python's ``random`` gets ``seed`` itself, numpy's legacy global state gets
     ``seed`` folded to 32 bits (its limit), torch gets ``seed``.
     """
+    global current_seed
+    current_seed = seed
     random.seed(seed)
     np.random.seed(derive_seed(seed, 0x6E70) & 0xFFFFFFFF)
     torch = sys.modules.get("torch")

@@ -13,6 +13,7 @@ the same batches, whatever the number of workers.
 
 from __future__ import annotations
 
+import copy
 import enum
 import itertools
 import os
@@ -60,14 +61,22 @@ class InProcessExecutor:
     def __init__(self, spec: FetchSpec):
         self._fetcher = make_fetcher(spec)
         self._tasks: Iterator[PlannedBatch] = iter(())
+        #: Batch index of the latest batch handed out (or raised); None when none was.
+        self.last_delivered: Optional[int] = None
 
-    def begin_epoch(self, epoch_id: int, tasks: Iterator[PlannedBatch]) -> None:
+    def begin_epoch(
+        self, epoch_id: int, tasks: Iterator[PlannedBatch], first_index: int = 0, skip: frozenset = frozenset()
+    ) -> None:
+        """Start a pass. Batches come in plan order here, so ``first_index``
+        and ``skip`` (see :meth:`ProcessExecutor.begin_epoch`) change nothing."""
         self._tasks = tasks
         if self._fetcher.spec.iterable:
             self._fetcher.restart()
 
     def next_batch(self) -> Any:
+        self.last_delivered = None
         task = next(self._tasks)  # StopIteration ends the epoch
+        self.last_delivered = task.batch_index
         try:
             return fetch_in_main(self._fetcher, task.indices, task.seed)
         except EndOfData:
@@ -98,7 +107,7 @@ class ProcessConfig:
     start_method: str
     prefetch_factor: int
     in_order: bool
-    timeout_s: float
+    timeout_s: float  # as the user gave it (torch's message repeats it verbatim)
     worker_init_fn: Optional[Callable[[int], None]]
     base_seed: int
     #: Move arrays through shared-memory slots (else pickled through pipes).
@@ -129,6 +138,8 @@ class ProcessExecutor:
         self._arrivals: deque = deque()
         self._next_to_deliver = 0
         self._cycle = itertools.count()
+        #: Batch index of the latest batch handed out (or raised); None when none was.
+        self.last_delivered: Optional[int] = None
         self._slots: Optional[SlotPool] = None
         self._noted = False
         #: Workers that have not said Ready yet; nothing is delivered until none.
@@ -192,17 +203,26 @@ class ProcessExecutor:
         return tuple(fd for w in self._workers for fd in w.channels.main_fds())
 
     # ----------------------------------------------------------------- epoch
-    def begin_epoch(self, epoch_id: int, tasks: Iterator[PlannedBatch]) -> None:
-        """Start a new pass; results of an abandoned pass are dropped on arrival."""
+    def begin_epoch(
+        self, epoch_id: int, tasks: Iterator[PlannedBatch], first_index: int = 0, skip: frozenset = frozenset()
+    ) -> None:
+        """Start a new pass; results of an abandoned pass are dropped on arrival.
+
+        A resumed epoch's plan starts at batch ``first_index`` and leaves out
+        the batches in ``skip`` (delivered before the resume, with
+        ``in_order=False``); in-order delivery starts at ``first_index`` and
+        passes over ``skip``.
+        """
         self._raise_if_unusable()
         self._epoch_id = epoch_id
         self._tasks = tasks
         self._plan_done = False
         self._pending.clear()
         self._ready.clear()
-        self._skipped.clear()
+        self._skipped = set(skip)
         self._arrivals.clear()
-        self._next_to_deliver = 0
+        self._next_to_deliver = first_index
+        self._cycle = itertools.count()  # round robin starts at worker 0, as torch's
         for worker in self._workers:
             worker.active = True
 
@@ -210,10 +230,12 @@ class ProcessExecutor:
         """The next batch of this epoch; StopIteration at its end."""
         self._raise_if_unusable()
         deadline = time.monotonic() + self.config.timeout_s if self.config.timeout_s > 0 else None
+        self.last_delivered = None
         try:
             while True:
                 found, item = self._take_ready()
                 if found:
+                    self.last_delivered = item.batch_index
                     return self._deliver(item)
                 self._dispatch()
                 if self._plan_done and not self._pending:
@@ -248,8 +270,14 @@ class ProcessExecutor:
             return None
         turn = next(self._cycle)
         if self.config.spec.iterable:
-            # Round robin, as torch: which worker serves a batch decides its content.
-            return active[turn % len(active)]
+            # Round robin over all workers, skipping retired ones, as torch:
+            # which worker serves a batch decides its content.
+            count = len(self._workers)
+            for step in range(count):
+                worker = self._workers[(turn + step) % count]
+                if worker.active and not worker.exited:
+                    self._cycle = itertools.count(turn + step + 1)
+                    return worker
         # Map-style: the least busy worker with a free slot; content does not depend on it.
         slots = self._slots
         return min(
@@ -398,9 +426,14 @@ class ProcessExecutor:
         return "; ".join(parts) if parts else "no worker had a batch in hand"
 
     def _on_timeout(self) -> None:
-        raise RuntimeError(
-            f"DataLoader timed out after {self.config.timeout_s} seconds. (conveyor: still busy: "
-            f"{self._busy_text()}. Raise timeout=, or look for a slow or stuck sample.)"
+        # Terminal, unlike torch: something is stuck, and the workers are
+        # stopped now rather than whenever the traceback lets the iterator go.
+        self._fail(
+            RuntimeError(
+                f"DataLoader timed out after {self.config.timeout_s} seconds. (conveyor: still busy: "
+                f"{self._busy_text()}. The workers were stopped; raise timeout=, or look for a slow "
+                f"or stuck sample.)"
+            )
         )
 
     def _on_worker_exit(self, worker: _Worker) -> None:
@@ -422,11 +455,23 @@ class ProcessExecutor:
         self._error = error
         self.state = Lifecycle.BROKEN
         self._stop_workers()
-        raise error
+        raise self._fresh_error()
+
+    @property
+    def broken(self) -> bool:
+        return self._error is not None
+
+    def _fresh_error(self) -> BaseException:
+        """A copy of the stored error to raise. The stored one is never raised
+        itself: a traceback on it would hold the frames (iterator, loader)
+        of the call that raised it, and the executor would keep them alive."""
+        error = copy.copy(self._error)
+        error.__cause__ = self._error.__cause__
+        return error
 
     def _raise_if_unusable(self) -> None:
         if self._error is not None:
-            raise self._error
+            raise self._fresh_error()
         if self.state is Lifecycle.CLOSED:
             raise RuntimeError("this DataLoader iterator has been shut down; start a new one with iter(loader)")
 

@@ -37,6 +37,7 @@ from .fetch import EndOfData, FetchSpec, fetch_seeded, make_fetcher
 from .info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
 from .messages import Batch, Exhausted, InitFailed, Ready, Stop, Task, TaskFailed
 from .shm import SlotWriter, encode
+from .torch_hook import when_torch_loads
 
 #: glibc returns freed memory above this much to the kernel; every sample a
 #: dataset makes then lands on fresh pages, which cost ~10x more to write
@@ -69,10 +70,11 @@ def _set_worker_info(config: WorkerConfig) -> None:
     info = WorkerInfo(config.worker_id, config.num_workers, config.seed, config.fetch.dataset)
     object.__setattr__(info, "_frozen", True)
     _info.current = info
-    torch = sys.modules.get("torch")
-    if torch is not None:
+
+    def tell_torch(torch: Any) -> None:
         # Datasets written for torch ask torch.utils.data.get_worker_info()
-        # to shard themselves; answer them too.
+        # to shard themselves; answer them too. Torch loaded late (inside
+        # __getitem__) also gets the seed of the batch in hand.
         try:
             from torch.utils.data._utils import worker as torch_worker
 
@@ -81,6 +83,10 @@ def _set_worker_info(config: WorkerConfig) -> None:
             )
         except Exception:  # an unusual torch build: conveyor's own answer still works
             pass
+        if rng.current_seed is not None:
+            torch.default_generator.manual_seed(rng.current_seed)
+
+    when_torch_loads(tell_torch)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -230,9 +236,26 @@ def _config_failed(worker_id: int, result_conn) -> None:
     os._exit(0)
 
 
+def _release_forkserver_alive_fd() -> None:
+    """The forkserver hands each child the main process's end of the pipe by
+    which it learns that the main process died; while a worker holds it, the
+    forkserver outlives a killed main process, and so do its workers (each
+    waiting for the other). Close it: the worker starts no processes itself."""
+    try:
+        from multiprocessing import forkserver
+
+        fd = forkserver._forkserver._forkserver_alive_fd
+        if fd is not None:
+            os.close(fd)
+            forkserver._forkserver._forkserver_alive_fd = None
+    except (AttributeError, OSError):
+        pass
+
+
 def pickled_entry(worker_id: int, payload: bytes, task_conn, result_conn, slot_fds: tuple = ()) -> None:
     """Entry under ``forkserver``: the config arrives cloudpickled; the slot
     descriptors arrive beside it (passed by the forkserver, renumbered)."""
+    _release_forkserver_alive_fd()
     try:
         config = pickle.loads(payload)
         config = dataclasses.replace(config, slot_fds=tuple(int(fd) for fd in slot_fds))

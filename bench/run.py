@@ -1,0 +1,290 @@
+"""Benchmarks: conveyor and torch.utils.data side by side, in one run.
+
+    python bench/run.py [--json] [--rounds N] [--only a,b,...]
+
+Each workload runs for conveyor (``conveyor.torch``, tensors out, as a torch
+user would switch) and for torch.utils.data, alternating A B A B, each round
+with a fresh loader; the report gives medians and the ratio conveyor/torch
+(higher is better for rates, lower for times and memory). The machine's own
+limits are measured too, so each result can be read against what the
+hardware allows.
+
+Workloads:
+  a  big batches: 64 x 3x224x224 uint8 samples made fresh, 2 workers; the
+     consumer copies every byte of each batch (as a copy to a GPU would). GB/s.
+  b  small batches: int samples, batch 32, 2 workers. batches/s.
+  c  image pipeline: JPEG decode, random crop, flip (Pillow), batch 32,
+     2 workers. samples/s.
+  d  time to the first batch under spawn, in a fresh script that imports torch. s.
+  e  peak memory of (a): resident memory of the main process plus workers,
+     sampled every 10 ms. MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import workloads  # noqa: E402  (bench/workloads.py: datasets shared with child scripts)
+
+
+def _loader(kind: str, dataset, **kwargs):
+    if kind == "torch":
+        import torch.utils.data as tud
+
+        return tud.DataLoader(dataset, **kwargs)
+    import conveyor.torch as ct
+
+    return ct.DataLoader(dataset, **kwargs)
+
+
+# ----------------------------------------------------------------- workloads
+
+
+def run_big(kind: str, batches: int) -> float:
+    """GB/s of 64x3x224x224 uint8 batches, consumer copying every byte."""
+    loader = _loader(kind, workloads.FreshImages(64 * (batches + 1)), batch_size=64, num_workers=2)
+    out = np.empty((64, 3, 224, 224), np.uint8)
+    it = iter(loader)
+    next(it)  # start-up is workload d's business
+    start, nbytes = time.perf_counter(), 0
+    for batch in it:
+        array = batch.numpy()
+        np.copyto(out[: len(array)], array)
+        nbytes += array.nbytes
+    return nbytes / (time.perf_counter() - start) / 1e9
+
+
+def run_small(kind: str, batches: int) -> float:
+    """Batches per second of 32 int samples."""
+    loader = _loader(kind, workloads.Ints(32 * (batches + 1)), batch_size=32, num_workers=2)
+    it = iter(loader)
+    next(it)
+    start, count = time.perf_counter(), 0
+    for batch in it:
+        count += 1
+    return count / (time.perf_counter() - start)
+
+
+def run_images(kind: str, root: str) -> float:
+    """Samples per second of the JPEG pipeline."""
+    from conveyor.cli.demo import ImageFolder
+
+    loader = _loader(kind, ImageFolder(root, crop=224), batch_size=32, num_workers=2, shuffle=True)
+    it = iter(loader)
+    next(it)
+    start, count = time.perf_counter(), 0
+    for images, labels in it:
+        count += len(labels)
+    return count / (time.perf_counter() - start)
+
+
+_FIRST_BATCH_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    start = time.perf_counter()
+    import torch  # a training script has torch loaded
+    sys.path.insert(0, {bench!r})
+    import workloads
+    if {kind!r} == "torch":
+        import torch.utils.data as data
+    else:
+        import conveyor.torch as data
+    if __name__ == "__main__":
+        t0 = time.perf_counter()
+        loader = data.DataLoader(workloads.Ints(64), batch_size=32, num_workers=2, multiprocessing_context="spawn")
+        next(iter(loader))
+        print(time.perf_counter() - t0)
+    """
+)
+
+
+def run_first_batch(kind: str, tmp: Path) -> float:
+    """Seconds from DataLoader() to the first batch under spawn, in a fresh script."""
+    script = tmp / f"first_batch_{kind}.py"
+    script.write_text(_FIRST_BATCH_SCRIPT.format(bench=str(HERE), kind=kind))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+_MEMORY_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {bench!r})
+    from run import run_big
+    if __name__ == "__main__":
+        run_big({kind!r}, {batches})
+    """
+)
+
+
+def _tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return pids
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def run_memory(kind: str, tmp: Path, batches: int) -> float:
+    """Peak MB of resident memory, main process plus workers, during (a)."""
+    script = tmp / f"memory_{kind}.py"
+    script.write_text(_MEMORY_SCRIPT.format(bench=str(HERE), kind=kind, batches=batches))
+    proc = subprocess.Popen([sys.executable, str(script)])
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, sum(_rss_kb(p) for p in _tree(proc.pid)))
+        time.sleep(0.01)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory workload for {kind} failed with exit code {proc.returncode}")
+    return peak / 1024
+
+
+# ------------------------------------------------------------ machine limits
+
+
+def machine_limits() -> dict:
+    """What the hardware allows, for reading the workloads against."""
+    from conveyor.collate import collate_into
+    from conveyor._engine.shm import SlotWriter, create_slot_fds
+
+    big = np.ones((64, 3, 224, 224), np.uint8)
+    dst = np.empty_like(big)
+
+    def best(fn, n=10):
+        fn()
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    samples = [np.full((3, 224, 224), 7, np.uint8) for _ in range(64)]
+    writer = SlotWriter(create_slot_fds(1)[0])
+
+    def stack_warm():
+        writer.begin()
+        collate_into(samples, writer.allocate)
+
+    import conveyor
+
+    small = conveyor.DataLoader(workloads.Ints(32 * 2000), batch_size=32)
+    t = time.perf_counter()
+    n = sum(1 for _ in small)
+    in_process_small = n / (time.perf_counter() - t)
+    return {
+        "memcpy_GBps": big.nbytes / best(lambda: np.copyto(dst, big)) / 1e9,
+        "stack_into_warm_slot_GBps": big.nbytes / best(stack_warm) / 1e9,
+        "in_process_small_batches_per_s": in_process_small,
+    }
+
+
+# -------------------------------------------------------------------- driver
+
+
+def _alternate(fn, rounds: int) -> dict:
+    results = {"conveyor": [], "torch": []}
+    for _ in range(rounds):
+        for kind in ("conveyor", "torch"):
+            results[kind].append(fn(kind))
+    conveyor_median = statistics.median(results["conveyor"])
+    torch_median = statistics.median(results["torch"])
+    return {
+        "conveyor": round(conveyor_median, 4),
+        "torch": round(torch_median, 4),
+        "ratio": round(conveyor_median / torch_median, 3),
+        "samples": {k: [round(v, 4) for v in vs] for k, vs in results.items()},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--rounds", type=int, default=5, help="A B rounds per workload (default 5)")
+    parser.add_argument("--only", default="a,b,c,d,e", help="comma-separated workloads to run")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    import torch
+
+    torch.set_num_threads(1)
+    report: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "platform": platform.platform(),
+        },
+        "workloads": {},
+    }
+    report["limits"] = machine_limits()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        work = report["workloads"]
+        if "a" in only:
+            work["a_big_batches_GBps"] = _alternate(lambda k: run_big(k, 60), args.rounds)
+        if "b" in only:
+            work["b_small_batches_per_s"] = _alternate(lambda k: run_small(k, 3000), args.rounds)
+        if "c" in only:
+            from conveyor.cli.demo import default_cache_dir, make_synthetic_images
+
+            root = make_synthetic_images(default_cache_dir() / "synthetic-jpeg-v1")
+            work["c_image_samples_per_s"] = _alternate(lambda k: run_images(k, str(root)), args.rounds)
+        if "d" in only:
+            work["d_first_batch_spawn_s"] = _alternate(lambda k: run_first_batch(k, tmp), args.rounds)
+        if "e" in only:
+            work["e_peak_memory_MB"] = _alternate(lambda k: run_memory(k, tmp, 60), max(2, args.rounds // 2))
+    limits = report["limits"]
+    if "a_big_batches_GBps" in report["workloads"]:
+        report["workloads"]["a_big_batches_GBps"]["fraction_of_memcpy"] = round(
+            report["workloads"]["a_big_batches_GBps"]["conveyor"] / limits["memcpy_GBps"], 3
+        )
+    if "b_small_batches_per_s" in report["workloads"]:
+        report["workloads"]["b_small_batches_per_s"]["fraction_of_in_process"] = round(
+            report["workloads"]["b_small_batches_per_s"]["conveyor"] / limits["in_process_small_batches_per_s"], 3
+        )
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"machine: {report['machine']}")
+        print("limits: " + ", ".join(f"{k}={v:.3g}" for k, v in limits.items()))
+        for name, r in report["workloads"].items():
+            print(f"{name:28s} conveyor {r['conveyor']:>10.4g}  torch {r['torch']:>10.4g}  ratio {r['ratio']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,509 @@
+"""Resumable loader state: one encoding, a version, named keys, a checksum.
+
+::
+
+    DataLoader.state_dict()  ──▶ save(loader) ──▶ {version, kind, settings, epoch, in_epoch, position, ..., checksum}
+    DataLoader.load_state_dict(state) ──▶ load(loader, state): check, then
+         sampler.load_state_dict, generator and dataset states, loader epoch,
+         and (inside an epoch) a ResumePoint that the next iter(loader) takes
+
+Actors:
+  * ``EpochProgress``: kept by the loader for its latest iterator, updated by
+    that iterator at each batch (which batch indices were delivered), read by
+    ``save``. It outlives the iterator, so a loader reports where an abandoned
+    iteration stopped, as torchdata's StatefulDataLoader does.
+  * ``ResumePoint``: a checked state inside an epoch, waiting for ``iter()``.
+
+Why a resumed epoch is exact without re-reading: batch ``i`` of an epoch holds
+the samples the sampler gives as its ``i``-th batch, and is loaded with
+``random``/``numpy``/torch seeded from ``derive_seed(base_seed, i)``. The state
+holds ``base_seed``, the sampler's state (which replays the epoch's draw and
+jumps to any batch without drawing the ones before one by one) and which
+batches were delivered; the resumed iterator plans the others, with their
+seeds, for any number of workers.
+
+The state is plain JSON values when the sampler's and dataset's states are.
+``checksum`` is the CRC-32 of the canonical JSON of everything else, so a
+truncated or hand-edited state is refused instead of yielding other data.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol, runtime_checkable
+
+import numpy as np
+
+from . import rng
+from .sampler import _has_position
+
+__all__ = ["Stateful", "STATE_VERSION"]
+
+#: Version of the loader state layout; a state of another version is refused.
+STATE_VERSION = 1
+_KIND = "DataLoader"
+_FIX = (
+    "Fix: build the DataLoader with the same dataset and arguments as the run that saved the state "
+    "(num_workers may differ for map-style datasets), or start without load_state_dict."
+)
+#: Keys of a loader state besides the header; all must be present.
+_KEYS = (
+    "settings",
+    "epoch",
+    "in_epoch",
+    "base_seed",
+    "position",
+    "delivered_ahead",
+    "sampler",
+    "generator_state",
+    "dataset_state",
+    "iterator_state",
+    "iterator_ended",
+)
+#: Keys of torchdata's StatefulDataLoader states, to name them in the error.
+_TORCHDATA_KEYS = ("_snapshot", "_num_yielded", "_sampler_iter_yielded", "_index_sampler_state")
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """Anything with ``state_dict()`` and ``load_state_dict(state)``: samplers,
+    datasets, their iterators, the DataLoader itself (torchdata's protocol).
+
+    Example::
+
+        >>> from conveyor import DataLoader, Stateful
+        >>> isinstance(DataLoader(list(range(4))), Stateful)
+        True
+    """
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+def _is_stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+# ---------------------------------------------------------------------------
+# progress of one iteration
+
+
+@dataclass
+class EpochProgress:
+    """What one iteration has delivered, and what replays its draws.
+
+    ``position`` is the lowest batch index not delivered yet; with
+    ``in_order=False`` batches after it may have been delivered already, and
+    ``delivered_ahead`` holds those (at most the batches in flight).
+    """
+
+    epoch: int
+    base_seed: int
+    #: The index sampler's state that replays this epoch's draw (taken when the
+    #: first batch is drawn) or, for samplers that cannot jump, its state before
+    #: the epoch; None for samplers without state.
+    sampler_state: Any
+    #: The loader's generator right after the base seed was drawn from it.
+    generator_state: Any
+    position: int = 0
+    delivered_ahead: set = field(default_factory=set)
+    finished: bool = False
+    #: The in-process fetcher of an iterable dataset, whose iterator state is saved.
+    fetcher: Any = None
+
+    @property
+    def count(self) -> int:
+        """Batches delivered so far in this epoch."""
+        return self.position + len(self.delivered_ahead)
+
+    def delivered(self, index: int) -> None:
+        """Batch ``index`` reached the user (or raised there)."""
+        if index == self.position:
+            self.position += 1
+            ahead = self.delivered_ahead
+            while ahead and self.position in ahead:
+                ahead.discard(self.position)
+                self.position += 1
+        elif index > self.position:
+            self.delivered_ahead.add(index)
+
+    def note_first_draw(self, index_sampler: Any) -> None:
+        """Keep the state that replays this epoch's draw, if the sampler can jump to a batch."""
+        state = index_sampler.state_dict()
+        if _has_position(state):
+            self.sampler_state = state
+
+
+def begin_progress(loader: Any, epoch: int, base_seed: int, resume: Optional["ResumePoint"]) -> EpochProgress:
+    """The progress record of a new iteration, taken before the sampler draws."""
+    if resume is not None:
+        progress = EpochProgress(epoch, base_seed, resume.sampler_state, resume.generator_state)
+        if not resume.refetch:
+            progress.position, progress.delivered_ahead = resume.position, set(resume.delivered_ahead)
+        return progress
+    sampler = loader._index_sampler
+    sampler_state = sampler.state_dict() if _is_stateful(sampler) else None
+    return EpochProgress(epoch, base_seed, sampler_state, _generator_state(loader))
+
+
+# ---------------------------------------------------------------------------
+# a checked state, waiting for iter()
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where the next ``iter(loader)`` starts inside an epoch.
+
+    Map-style: the plan starts at batch ``position`` and leaves out
+    ``delivered_ahead``; a sampler that cannot jump draws and drops
+    ``sampler_skip`` batches first. ``refetch`` (iterable datasets without
+    state): the plan starts at 0 and the delivered batches are loaded again
+    and dropped.
+    """
+
+    state: Mapping[str, Any]
+    epoch: int
+    base_seed: int
+    position: int
+    delivered_ahead: frozenset
+    sampler_state: Any
+    generator_state: Any
+    sampler_skip: int
+    refetch: bool
+
+    @property
+    def count(self) -> int:
+        return self.position + len(self.delivered_ahead)
+
+    @property
+    def first_index(self) -> int:
+        return 0 if self.refetch else self.position
+
+    @property
+    def skip(self) -> frozenset:
+        return frozenset() if self.refetch else self.delivered_ahead
+
+    def already_delivered(self, index: int) -> bool:
+        """For ``refetch``: whether batch ``index`` was delivered before the save."""
+        return index < self.position or index in self.delivered_ahead
+
+
+# ---------------------------------------------------------------------------
+# save
+
+
+def settings(loader: Any) -> dict[str, Any]:
+    """What must be the same in the loader that loads a state."""
+    sampler = loader._index_sampler
+    kind = type(sampler).__name__
+    inner = getattr(sampler, "sampler", None)
+    if inner is not None and loader.batch_sampler is sampler:
+        kind = f"{kind}({type(inner).__name__})"
+    return {
+        "dataset": "iterable" if loader._iterable else "map",
+        "dataset_length": None if loader._iterable else len(loader.dataset),
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "sampler": kind,
+        "seed": loader.seed,
+        "generator": _generator_kind(loader),
+        "flavor": loader._flavor,
+        # Map-style batches do not depend on the workers; an iterable dataset's do.
+        "num_workers": loader.num_workers if loader._iterable else "any",
+    }
+
+
+def _generator_kind(loader: Any) -> str:
+    if loader.seed is not None:
+        return "seed"
+    if loader.generator is None:
+        return "global"
+    return "torch" if rng.is_torch_generator(loader.generator) else type(loader.generator).__name__
+
+
+def _generator_source(loader: Any) -> Any:
+    generator = loader.generator
+    if isinstance(generator, np.random.Generator) or rng.is_torch_generator(generator):
+        return rng.source_for(generator, loader._flavor)
+    return None  # None, or an int seed: nothing that moves
+
+
+def _generator_state(loader: Any) -> Any:
+    source = _generator_source(loader)
+    return None if source is None else source.get_state()
+
+
+def _positioned(sampler_state: Any, position: int) -> Any:
+    """``sampler_state`` moved to batch ``position`` of its iteration."""
+    if _has_position(sampler_state) and sampler_state["in_iteration"]:
+        return {**sampler_state, "position": position}
+    return sampler_state
+
+
+def _iterable_states(loader: Any, fetcher: Any) -> tuple[Any, Any, bool]:
+    """(dataset state, iterator state, iterator ended) of an iterable dataset in this process."""
+    if not loader._iterable:
+        return None, None, False
+    dataset = loader.dataset
+    dataset_state = dataset.state_dict() if _is_stateful(dataset) else None
+    iterator = getattr(fetcher, "_iterator", None)
+    iterator_state = None
+    if iterator is not None and iterator is not dataset and _is_stateful(iterator):
+        iterator_state = iterator.state_dict()
+    return dataset_state, iterator_state, bool(getattr(fetcher, "ended", False))
+
+
+def _check_savable(loader: Any) -> None:
+    if loader._iterable and loader.num_workers > 0 and _is_stateful(loader.dataset):
+        raise NotImplementedError(
+            f"DataLoader.state_dict: {type(loader.dataset).__name__} has state_dict/load_state_dict, but with "
+            f"num_workers={loader.num_workers} its state lives in the worker processes, and conveyor does not "
+            f"collect it yet. Use num_workers=0 to save and resume it exactly, or drop its state_dict to resume "
+            f"by re-reading the delivered batches."
+        )
+
+
+def save(loader: Any) -> dict[str, Any]:
+    """The state of ``loader``: where its latest iteration stands, or the
+    start of its next epoch (see :meth:`DataLoader.state_dict`)."""
+    _check_savable(loader)
+    resume = loader._resume
+    if resume is not None:
+        return copy.deepcopy(dict(resume.state))
+    progress = loader._progress
+    if progress is not None and not progress.finished:
+        body = _inside_epoch(loader, progress)
+    else:
+        body = _between_epochs(loader)
+    return _seal({"version": STATE_VERSION, "kind": _KIND, "settings": settings(loader), **body})
+
+
+def _inside_epoch(loader: Any, progress: EpochProgress) -> dict[str, Any]:
+    dataset_state, iterator_state, ended = _iterable_states(loader, progress.fetcher)
+    return {
+        "epoch": progress.epoch,
+        "in_epoch": True,
+        "base_seed": progress.base_seed,
+        "position": progress.position,
+        "delivered_ahead": sorted(progress.delivered_ahead),
+        "sampler": _positioned(progress.sampler_state, progress.position),
+        "generator_state": progress.generator_state,
+        "dataset_state": dataset_state,
+        "iterator_state": iterator_state,
+        "iterator_ended": ended,
+    }
+
+
+def _between_epochs(loader: Any) -> dict[str, Any]:
+    sampler = loader._index_sampler
+    dataset_state, _, _ = _iterable_states(loader, None)
+    return {
+        "epoch": loader._epoch,
+        "in_epoch": False,
+        "base_seed": None,
+        "position": 0,
+        "delivered_ahead": [],
+        "sampler": sampler.state_dict() if _is_stateful(sampler) else None,
+        "generator_state": _generator_state(loader),
+        "dataset_state": dataset_state,
+        "iterator_state": None,
+        "iterator_ended": False,
+    }
+
+
+def _plain(value: Any) -> Any:
+    """JSON stand-in for a leaf json cannot write (arrays, tensors, bytes)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    return repr(value)
+
+
+def _checksum(state: Mapping[str, Any]) -> str:
+    body = {key: value for key, value in state.items() if key != "checksum"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=_plain)
+    return f"{zlib.crc32(canonical.encode('utf-8')):08x}"
+
+
+def _seal(state: dict[str, Any]) -> dict[str, Any]:
+    state["checksum"] = _checksum(state)
+    return state
+
+
+# ---------------------------------------------------------------------------
+# load
+
+
+def _describe(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in values.items())
+
+
+def _mismatch(what: str, saved: Mapping[str, Any], mine: Mapping[str, Any], fix: str = _FIX) -> ValueError:
+    return ValueError(
+        f"DataLoader.load_state_dict: {what}\n"
+        f"  saved state: {_describe(saved)}\n"
+        f"  this loader: {_describe(mine)}\n"
+        f"{fix}"
+    )
+
+
+def _check_header(state: Any) -> None:
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"DataLoader.load_state_dict expects the dict returned by DataLoader.state_dict(), "
+            f"got {type(state).__name__}"
+        )
+    if state.get("kind") != _KIND and any(key in state for key in _TORCHDATA_KEYS):
+        raise ValueError(
+            "DataLoader.load_state_dict: this state was saved by torchdata's StatefulDataLoader, whose "
+            "layout conveyor does not read. Resume that run with torchdata, or start the conveyor run "
+            "from the start of an epoch (set_epoch) and save conveyor states from then on."
+        )
+    header = {"version": STATE_VERSION, "kind": _KIND}
+    saved = {key: state.get(key, "<missing>") for key in header}
+    if saved != header:
+        raise _mismatch(
+            "the state is not a DataLoader state of this version.",
+            saved,
+            header,
+            "Fix: pass the dict returned by DataLoader.state_dict() of this conveyor version (or of a "
+            "version that reads it), or start without load_state_dict.",
+        )
+    missing = [key for key in (*_KEYS, "checksum") if key not in state]
+    if missing:
+        raise ValueError(
+            f"DataLoader.load_state_dict: the state lacks {missing} (truncated or edited?); pass the "
+            f"whole dict returned by DataLoader.state_dict()"
+        )
+    expected = _checksum(state)
+    if state["checksum"] != expected:
+        raise ValueError(
+            f"DataLoader.load_state_dict: the state was changed after it was saved (checksum "
+            f"{state['checksum']!r} does not match its contents, which give {expected!r}). A changed state "
+            f"could yield other batches than the saved run; pass the dict exactly as state_dict() returned "
+            f"it (JSON, pickle and torch.save keep it intact)."
+        )
+
+
+def _check_settings(loader: Any, saved: Any) -> None:
+    mine = settings(loader)
+    if not isinstance(saved, Mapping):
+        raise ValueError(f"DataLoader.load_state_dict: the state's settings are not a dict: {saved!r}")
+    differing = [key for key in mine if saved.get(key, "<missing>") != mine[key]]
+    if differing:
+        raise _mismatch(
+            "the state was saved by a loader with other settings.",
+            {key: saved.get(key, "<missing>") for key in differing},
+            {key: mine[key] for key in differing},
+        )
+
+
+def _check_not_iterating(loader: Any) -> None:
+    live = loader._live_iterator() if loader._live_iterator is not None else None
+    progress = loader._progress
+    if live is not None and progress is not None and not progress.finished:
+        raise RuntimeError(
+            f"DataLoader.load_state_dict was called while an iterator of this loader is inside epoch "
+            f"{progress.epoch} ({progress.count} batches delivered). Loading would not change what that "
+            f"iterator yields; finish or drop it first (break out of the loop, or `del` it), or load the "
+            f"state into a new DataLoader."
+        )
+
+
+def _read_progress(state: Mapping[str, Any]) -> tuple[int, bool, Any, int, frozenset]:
+    epoch, in_epoch, base_seed = state["epoch"], state["in_epoch"], state["base_seed"]
+    position, ahead = state["position"], state["delivered_ahead"]
+    ints = (epoch, position, *ahead) if isinstance(ahead, (list, tuple)) else None
+    if (
+        ints is None
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)
+        or not isinstance(in_epoch, bool)
+        or (in_epoch and not isinstance(base_seed, int))
+        or any(index <= position for index in ahead)
+    ):
+        raise ValueError(
+            f"DataLoader.load_state_dict: the state's position is malformed: epoch={epoch!r}, "
+            f"in_epoch={in_epoch!r}, base_seed={base_seed!r}, position={position!r}, "
+            f"delivered_ahead={ahead!r}; pass a dict returned by DataLoader.state_dict()"
+        )
+    return epoch, in_epoch, base_seed, position, frozenset(ahead)
+
+
+def load(loader: Any, state: Any) -> None:
+    """Check ``state`` against ``loader``, then make the loader continue from it
+    (see :meth:`DataLoader.load_state_dict`). Nothing changes when a check fails."""
+    if isinstance(state, Mapping) and len(state) == 0:
+        return  # torchdata's StatefulDataLoader takes {} as "nothing to load"
+    _check_not_iterating(loader)
+    _check_header(state)
+    _check_settings(loader, state["settings"])
+    _check_savable(loader)
+    epoch, in_epoch, base_seed, position, ahead = _read_progress(state)
+    if in_epoch and loader.seed is not None and base_seed != rng.derive_seed(loader.seed, epoch):
+        raise _mismatch("the base seed does not follow from seed= and the epoch.", {"base_seed": base_seed}, {"seed": loader.seed})
+
+    sampler = loader._index_sampler
+    sampler_state = state["sampler"]
+    if sampler_state is not None and _is_stateful(sampler):
+        sampler.load_state_dict(sampler_state)  # checks its own settings; raises before anything changed
+    refetch = in_epoch and loader._iterable and state["dataset_state"] is None and state["iterator_state"] is None
+    if refetch and position + len(ahead) > 0:
+        warnings.warn(
+            f"{type(loader.dataset).__name__} (and its iterator) has no state_dict/load_state_dict: to resume "
+            f"epoch {epoch}, the next iteration loads again and drops the {position + len(ahead)} batches "
+            f"already delivered. Give the dataset or its iterator state_dict/load_state_dict to resume "
+            f"without re-reading.",
+            stacklevel=3,
+        )
+    jumps = _has_position(sampler_state)
+    _restore_generator(loader, state["generator_state"])
+    if state["dataset_state"] is not None and _is_stateful(loader.dataset):
+        loader.dataset.load_state_dict(state["dataset_state"])
+    loader._epoch = epoch
+    loader._progress = None
+    loader._resume = None
+    if in_epoch:
+        loader._resume = ResumePoint(
+            state=state,
+            epoch=epoch,
+            base_seed=base_seed,
+            position=position,
+            delivered_ahead=ahead,
+            sampler_state=sampler_state,
+            generator_state=state["generator_state"],
+            sampler_skip=0 if (jumps or loader._iterable) else position,
+            refetch=refetch,
+        )
+
+
+def _restore_generator(loader: Any, generator_state: Any) -> None:
+    source = _generator_source(loader)
+    if source is not None and generator_state is not None:
+        source.set_state(generator_state)
+
+
+def restore_iterator(fetcher: Any, state: Mapping[str, Any]) -> None:
+    """Put an iterable dataset's iterator (in this process) where the state says."""
+    if state["iterator_state"] is not None:
+        fetcher._iterator.load_state_dict(state["iterator_state"])
+    fetcher.ended = bool(state["iterator_ended"])
+
+
+def drop_resume_for_epoch(loader: Any, epoch: int) -> None:
+    """``set_epoch(epoch)`` keeps a loaded resume point of that epoch and drops any other, with a warning."""
+    resume = loader._resume
+    if resume is not None and resume.epoch != epoch:
+        warnings.warn(
+            f"{type(loader).__name__}.set_epoch({epoch}) drops the resume point loaded by load_state_dict "
+            f"(epoch {resume.epoch}, {resume.count} batches delivered); call set_epoch({resume.epoch}) to "
+            f"resume it",
+            stacklevel=3,
+        )
+        loader._resume = None
