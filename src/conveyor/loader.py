@@ -188,11 +188,10 @@ class DataLoader(Generic[T_co]):
         self._executor: Optional[ProcessExecutor] = None
         self._finalizer: Optional[weakref.finalize] = None
         self._IterableDataset_len_called: Optional[int] = None
-        # Resuming (conveyor.state): a loaded point inside an epoch, waiting for
-        # iter(); what the latest iteration delivered; that iterator, while alive.
+        # Resuming (conveyor.state): a loaded point inside an epoch, waiting
+        # for iter(); what the latest iteration delivered.
         self._resume: Optional[_state.ResumePoint] = None
         self._progress: Optional[_state.EpochProgress] = None
-        self._live_iterator: Optional[weakref.ref] = None
         self.__initialized = True
         self._warn_worker_count()
 
@@ -473,7 +472,7 @@ class DataLoader(Generic[T_co]):
         indices = iter(self._index_sampler)
         executor, owned = self._executor_for(base_seed)
         iterator = _LoaderIterator(self, executor, owned, progress, indices, resume)
-        self._progress, self._live_iterator = progress, weakref.ref(iterator)
+        self._progress = progress
         return iterator
 
     def _warn_pin_memory(self) -> bool:
@@ -522,7 +521,8 @@ class _LoaderIterator:
         pin = loader._warn_pin_memory()
         first, skip = (resume.first_index, resume.skip) if resume is not None else (0, frozenset())
         sampler = loader._index_sampler
-        on_first_draw = partial(progress.note_first_draw, sampler) if callable(getattr(sampler, "state_dict", None)) else None
+        stateful = callable(getattr(sampler, "state_dict", None))
+        on_first_draw = partial(progress.note_first_draw, sampler) if stateful else None
         plan = self._plan(indices, progress.base_seed, first, skip, resume.sampler_skip if resume else 0, on_first_draw)
         executor.begin_epoch(next(_pass_ids), plan, first, skip)
         if loader._iterable and not loader.num_workers:
@@ -531,10 +531,13 @@ class _LoaderIterator:
                 _state.restore_iterator(executor._fetcher, resume.state)
         take = partial(_take, executor)
         # With workers, batches are pinned in a thread (as torch); in-process, inline.
-        self._pin_thread = PinThread(take, loader.prefetch_factor or 1, _pin_taken) if pin and loader.num_workers else None
+        pinning = pin and loader.num_workers
+        self._pin_thread = PinThread(take, loader.prefetch_factor or 1, _pin_taken) if pinning else None
         self._pin_inline = pin and not loader.num_workers
         self._next_batch = self._pin_thread.next_batch if self._pin_thread else take
-        self._finalizer = weakref.finalize(self, _close_iteration, self._pin_thread, executor if owned else None)
+        self._finalizer = weakref.finalize(
+            self, _close_iteration, self._pin_thread, executor if owned else None, progress
+        )
 
     @staticmethod
     def _plan(
@@ -634,9 +637,10 @@ def _pin_taken(taken: _Taken) -> _Taken:
     return taken if taken.error is not None else _Taken(taken.index, pin_tree(taken.data))
 
 
-def _close_iteration(pin_thread: Optional[PinThread], executor: Any) -> None:
-    """End of one pass (exhausted, abandoned or collected): stop pinning, and
-    stop the workers when this pass owns them."""
+def _close_iteration(pin_thread: Optional[PinThread], executor: Any, progress: _state.EpochProgress) -> None:
+    """End of one pass (exhausted, abandoned or collected): stop pinning,
+    stop the workers when this pass owns them, and let the loader load a state."""
+    progress.iterating = False
     if pin_thread is not None:
         pin_thread._stop.set()
     if executor is not None:

@@ -2,7 +2,7 @@
 
 ::
 
-    DataLoader.state_dict()  ──▶ save(loader) ──▶ {version, kind, settings, epoch, in_epoch, position, ..., checksum}
+    DataLoader.state_dict()  ──▶ save(loader) ──▶ {version, kind, settings, epoch, position, ..., checksum}
     DataLoader.load_state_dict(state) ──▶ load(loader, state): check, then
          sampler.load_state_dict, generator and dataset states, loader epoch,
          and (inside an epoch) a ResumePoint that the next iter(loader) takes
@@ -114,6 +114,8 @@ class EpochProgress:
     position: int = 0
     delivered_ahead: set = field(default_factory=set)
     finished: bool = False
+    #: False once its iterator has finished, been closed or been collected.
+    iterating: bool = True
     #: The in-process fetcher of an iterable dataset, whose iterator state is saved.
     fetcher: Any = None
 
@@ -406,9 +408,8 @@ def _check_settings(loader: Any, saved: Any) -> None:
 
 
 def _check_not_iterating(loader: Any) -> None:
-    live = loader._live_iterator() if loader._live_iterator is not None else None
     progress = loader._progress
-    if live is not None and progress is not None and not progress.finished:
+    if progress is not None and progress.iterating and not progress.finished:
         raise RuntimeError(
             f"DataLoader.load_state_dict was called while an iterator of this loader is inside epoch "
             f"{progress.epoch} ({progress.count} batches delivered). Loading would not change what that "
@@ -447,7 +448,9 @@ def load(loader: Any, state: Any) -> None:
     _check_savable(loader)
     epoch, in_epoch, base_seed, position, ahead = _read_progress(state)
     if in_epoch and loader.seed is not None and base_seed != rng.derive_seed(loader.seed, epoch):
-        raise _mismatch("the base seed does not follow from seed= and the epoch.", {"base_seed": base_seed}, {"seed": loader.seed})
+        raise _mismatch(
+            "the base seed does not follow from seed= and the epoch.", {"base_seed": base_seed}, {"seed": loader.seed}
+        )
 
     sampler = loader._index_sampler
     sampler_state = state["sampler"]
@@ -471,7 +474,7 @@ def load(loader: Any, state: Any) -> None:
     loader._resume = None
     if in_epoch:
         loader._resume = ResumePoint(
-            state=state,
+            state=copy.deepcopy(dict(state)),
             epoch=epoch,
             base_seed=base_seed,
             position=position,

@@ -29,7 +29,7 @@ from .fetch import EndOfData, FetchSpec, fetch_in_main, make_fetcher
 from .launch import Channels, WorkerProcess, deliver_config, pickle_config, start_worker
 from .messages import Batch, Exhausted, InitFailed, Ready, Stop, Task, TaskFailed
 from .pickling import check_picklable
-from .shm import SPARE_SLOTS_PER_WORKER, SlotPool, torch_from_numpy
+from .shm import SPARE_SLOTS_PER_WORKER, SlotPool, StopFlag, torch_from_numpy
 from .worker import WorkerConfig, _send, receive
 
 #: After Stop, how long workers get to finish and exit before they are killed.
@@ -141,6 +141,7 @@ class ProcessExecutor:
         #: Batch index of the latest batch handed out (or raised); None when none was.
         self.last_delivered: Optional[int] = None
         self._slots: Optional[SlotPool] = None
+        self._stop_flag: Optional[StopFlag] = None
         self._noted = False
         #: Workers that have not said Ready yet; nothing is delivered until none.
         self._starting: set[int] = set()
@@ -157,6 +158,7 @@ class ProcessExecutor:
                 method,
             )
         self._slots = self._make_slots()
+        self._stop_flag = StopFlag() if self._slots is not None else None
         all_slot_fds = tuple(fd for fds in self._slots.fds for fd in fds) if self._slots else ()
         try:
             for wid in range(cfg.num_workers):
@@ -171,6 +173,7 @@ class ProcessExecutor:
                     parent_pid=os.getpid() if method != "forkserver" else None,
                     close_fds=self._main_fds() + channels.main_fds() + tuple(fd for fd in all_slot_fds if fd not in own_slots),
                     slot_fds=own_slots,
+                    stop_fd=self._stop_flag.fd if self._stop_flag is not None else None,
                 )
                 if method != "fork":
                     payload_by_worker[wid] = pickle_config(worker_config)
@@ -228,9 +231,9 @@ class ProcessExecutor:
 
     def next_batch(self) -> Any:
         """The next batch of this epoch; StopIteration at its end."""
+        self.last_delivered = None
         self._raise_if_unusable()
         deadline = time.monotonic() + self.config.timeout_s if self.config.timeout_s > 0 else None
-        self.last_delivered = None
         try:
             while True:
                 found, item = self._take_ready()
@@ -483,14 +486,19 @@ class ProcessExecutor:
         self._stop_workers()
 
     def _stop_workers(self) -> None:
-        """1. ask every worker to stop (non-blocking); 2. drain results and
-        wait up to ``_STOP_GRACE_S``; 3. kill what is left and reap it;
-        4. close pipes and sentinels."""
+        """1. raise the shared stop flag (workers skip their queued tasks) and
+        send Stop (non-blocking); 2. drain results and wait up to
+        ``_STOP_GRACE_S``; 3. kill what is left and reap it; 4. close pipes,
+        sentinels and shared memory (batches the user holds stay valid)."""
         workers, self._workers = self._workers, []
+        if self._stop_flag is not None:
+            self._stop_flag.set()  # skip the tasks still queued
         if workers:
             self._stop_processes(workers)
         if self._slots is not None:
             self._slots.close()
+        if self._stop_flag is not None:
+            self._stop_flag.close()
 
     @staticmethod
     def _stop_processes(workers: list) -> None:

@@ -163,7 +163,7 @@ def start_worker(method: str, config: WorkerConfig, payload: Optional[bytes], ch
                 payload,
                 channels.worker_tasks,
                 channels.worker_results,
-                tuple(_PassedFd(fd) for fd in config.slot_fds),
+                tuple(_PassedFd(fd) for fd in _shared_fds(config)),
             ),
             name=f"conveyor-worker-{config.worker_id}",
             daemon=True,
@@ -171,11 +171,16 @@ def start_worker(method: str, config: WorkerConfig, payload: Optional[bytes], ch
         proc.start()
         return WorkerProcess(proc.pid, proc.sentinel, proc)
     if method == "spawn":
-        return _spawn(config.worker_id, channels, config.slot_fds)
+        return _spawn(config.worker_id, channels, _shared_fds(config))
     raise ValueError(f"unknown start method {method!r}; expected one of {START_METHODS}")
 
 
-def _spawn(worker_id: int, channels: Channels, slot_fds: tuple) -> WorkerProcess:
+def _shared_fds(config: WorkerConfig) -> tuple:
+    """The shared-memory descriptors a worker inherits: stop flag, then slots."""
+    return () if config.stop_fd is None else (config.stop_fd, *config.slot_fds)
+
+
+def _spawn(worker_id: int, channels: Channels, shared_fds: tuple) -> WorkerProcess:
     task_fd, result_fd = channels.worker_tasks.fileno(), channels.worker_results.fileno()
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
@@ -183,7 +188,7 @@ def _spawn(worker_id: int, channels: Channels, slot_fds: tuple) -> WorkerProcess
     code = "from conveyor._engine.worker import spawn_main; spawn_main()"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, str(task_fd), str(result_fd), str(worker_id)],
-        pass_fds=(task_fd, result_fd, *slot_fds),
+        pass_fds=(task_fd, result_fd, *shared_fds),
         env=env,
         stdin=subprocess.DEVNULL,
     )

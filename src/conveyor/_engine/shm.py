@@ -146,6 +146,32 @@ class SlotWriter:
         self._map = None
 
 
+class StopFlag:
+    """One shared byte by which the main process tells every worker to stop
+    before its next task, without waiting behind the tasks already queued in
+    its pipe. The main process creates it and sets it; workers only read it."""
+
+    def __init__(self, fd: Optional[int] = None):
+        self.owner = fd is None
+        self.fd = create_slot_fds(1)[0] if fd is None else fd
+        if self.owner:
+            os.ftruncate(self.fd, mmap.PAGESIZE)
+        self._map = mmap.mmap(self.fd, mmap.PAGESIZE)
+
+    def set(self) -> None:
+        self._map[0] = 1
+
+    def is_set(self) -> bool:
+        return self._map[0] == 1
+
+    def close(self) -> None:
+        if self.owner:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+
+
 # ----------------------------------------------------------------- encoding
 
 

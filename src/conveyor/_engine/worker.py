@@ -36,7 +36,7 @@ from . import info as _info
 from .fetch import EndOfData, FetchSpec, fetch_seeded, make_fetcher
 from .info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
 from .messages import Batch, Exhausted, InitFailed, Ready, Stop, Task, TaskFailed
-from .shm import SlotWriter, encode
+from .shm import SlotWriter, StopFlag, encode
 from .torch_hook import when_torch_loads
 
 #: glibc returns freed memory above this much to the kernel; every sample a
@@ -64,6 +64,8 @@ class WorkerConfig:
     close_fds: tuple = ()
     #: This worker's shared-memory slots (memfd descriptors), by slot number.
     slot_fds: tuple = ()
+    #: The shared stop flag's descriptor (None: shared memory is off).
+    stop_fd: Optional[int] = None
 
 
 def _set_worker_info(config: WorkerConfig) -> None:
@@ -152,6 +154,7 @@ def run_worker(config: WorkerConfig, task_conn, result_conn) -> None:
         return
     _send(result_conn, Ready(wid))
     writers = [SlotWriter(fd) for fd in config.slot_fds]
+    stop = StopFlag(config.stop_fd) if config.stop_fd is not None else None
     noted = False
     epoch_id = None
     while True:
@@ -159,7 +162,7 @@ def run_worker(config: WorkerConfig, task_conn, result_conn) -> None:
             task = receive(task_conn)
         except (EOFError, OSError):
             return
-        if isinstance(task, Stop):
+        if isinstance(task, Stop) or (stop is not None and stop.is_set()):
             return
         if task.epoch_id != epoch_id:
             epoch_id = task.epoch_id
@@ -252,13 +255,16 @@ def _release_forkserver_alive_fd() -> None:
         pass
 
 
-def pickled_entry(worker_id: int, payload: bytes, task_conn, result_conn, slot_fds: tuple = ()) -> None:
-    """Entry under ``forkserver``: the config arrives cloudpickled; the slot
-    descriptors arrive beside it (passed by the forkserver, renumbered)."""
+def pickled_entry(worker_id: int, payload: bytes, task_conn, result_conn, shared_fds: tuple = ()) -> None:
+    """Entry under ``forkserver``: the config arrives cloudpickled; the shared
+    memory descriptors (stop flag, then slots) arrive beside it, passed by
+    the forkserver and renumbered."""
     _release_forkserver_alive_fd()
     try:
         config = pickle.loads(payload)
-        config = dataclasses.replace(config, slot_fds=tuple(int(fd) for fd in slot_fds))
+        if shared_fds:
+            stop_fd, *slot_fds = (int(fd) for fd in shared_fds)
+            config = dataclasses.replace(config, stop_fd=stop_fd, slot_fds=tuple(slot_fds))
     except Exception:
         _config_failed(worker_id, result_conn)
     _worker_main(config, task_conn, result_conn)
