@@ -147,25 +147,28 @@ def _tree(pid: int) -> list[int]:
     return pids
 
 
-def _rss_kb(pid: int) -> int:
+def _memory_kb(pid: int, field: str, path: str) -> int:
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(f"/proc/{pid}/{path}") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1])
     except OSError:
         pass
     return 0
 
 
-def run_memory(kind: str, tmp: Path, batches: int) -> float:
-    """Peak MB of resident memory, main process plus workers, during (a)."""
+def run_memory(kind: str, tmp: Path, batches: int, measure: str = "rss") -> float:
+    """Peak MB of memory, main process plus workers, during (a), sampled
+    every 10 ms: resident (``rss``: shared pages count in every process that
+    maps them) or proportional (``pss``: shared pages split between them)."""
+    field, path = ("VmRSS:", "status") if measure == "rss" else ("Pss:", "smaps_rollup")
     script = tmp / f"memory_{kind}.py"
     script.write_text(_MEMORY_SCRIPT.format(bench=str(HERE), kind=kind, batches=batches))
     proc = subprocess.Popen([sys.executable, str(script)])
     peak = 0
     while proc.poll() is None:
-        peak = max(peak, sum(_rss_kb(p) for p in _tree(proc.pid)))
+        peak = max(peak, sum(_memory_kb(p, field, path) for p in _tree(proc.pid)))
         time.sleep(0.01)
     if proc.returncode != 0:
         raise RuntimeError(f"memory workload for {kind} failed with exit code {proc.returncode}")
@@ -266,7 +269,9 @@ def main() -> int:
         if "d" in only:
             work["d_first_batch_spawn_s"] = _alternate(lambda k: run_first_batch(k, tmp), args.rounds)
         if "e" in only:
-            work["e_peak_memory_MB"] = _alternate(lambda k: run_memory(k, tmp, 60), max(2, args.rounds // 2))
+            rounds = max(2, args.rounds // 2)
+            work["e_peak_memory_MB"] = _alternate(lambda k: run_memory(k, tmp, 60, "rss"), rounds)
+            work["e_peak_memory_pss_MB"] = _alternate(lambda k: run_memory(k, tmp, 60, "pss"), rounds)
     limits = report["limits"]
     if "a_big_batches_GBps" in report["workloads"]:
         report["workloads"]["a_big_batches_GBps"]["fraction_of_memcpy"] = round(
