@@ -236,6 +236,7 @@ class ProcessExecutor:
         deadline = time.monotonic() + self.config.timeout_s if self.config.timeout_s > 0 else None
         try:
             while True:
+                self._raise_if_unusable()  # shut down meanwhile (from another thread)
                 found, item = self._take_ready()
                 if found:
                     self.last_delivered = item.batch_index
@@ -311,6 +312,8 @@ class ProcessExecutor:
     # ------------------------------------------------------------- collect
     def _wait(self, deadline: Optional[float]) -> None:
         live = [w for w in self._workers if not w.exited]
+        if not live:
+            raise RuntimeError("every DataLoader worker has stopped; nothing is left to wait for")
         by_handle: dict[Any, _Worker] = {}
         for w in live:
             by_handle[w.channels.results] = w
