@@ -689,13 +689,78 @@ def test_iterable_dataset_without_state_with_workers_needs_the_same_worker_count
     assert head + [plain(b) for b in resumed] == expected
 
 
+class ShardPosition:
+    """Worker w's iterator over its shard: w*1000, w*1000+1, ...; the state is the position."""
+
+    def __init__(self, worker, size):
+        self.worker, self.size, self.i = worker, size, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= self.size:
+            raise StopIteration
+        self.i += 1
+        return np.array([self.worker * 1000 + self.i - 1, np.random.rand()])
+
+    def state_dict(self):
+        return {"i": self.i}
+
+    def load_state_dict(self, state):
+        self.i = state["i"]
+
+
+class ShardedStatefulStream(conveyor.IterableDataset):
+    """Shards of uneven sizes (workers run out at different times)."""
+
+    def __init__(self, sizes):
+        self.sizes = sizes
+
+    def __iter__(self):
+        info = conveyor.get_worker_info()
+        worker = info.id if info else 0
+        return ShardPosition(worker, self.sizes[worker])
+
+
 @pytest.mark.timeout(60)
-def test_iterable_dataset_state_inside_workers_is_not_supported_yet():
-    loader = DataLoader(StatefulStream(), batch_size=4, num_workers=1)
+@pytest.mark.parametrize("stop_after", [1, 4, 7, 9])
+def test_iterable_dataset_state_inside_workers_resumes_exactly(stop_after):
+    """Each worker's iterator state travels with its batches; a resumed loader
+    puts every copy back, retires the workers that had run out, and continues
+    the round robin where it stood, without re-reading anything."""
+    sizes = [9, 3, 14]
+    settings = dict(batch_size=2, seed=0, num_workers=3)
+    expected = [plain(b) for b in DataLoader(ShardedStatefulStream(sizes), **settings)]
+    loader = DataLoader(ShardedStatefulStream(sizes), **settings)
+    it = iter(loader)
+    head = [plain(next(it)) for _ in range(stop_after)]
+    state = json_round_trip(loader.state_dict())
+    del it
+    resumed = DataLoader(ShardedStatefulStream(sizes), **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # exact: no re-reading, no warning
+        resumed.load_state_dict(state)
+    assert head + [plain(b) for b in resumed] == expected
+    uninterrupted = DataLoader(ShardedStatefulStream(sizes), **settings)
+    list(uninterrupted)
+    assert [plain(b) for b in resumed] == [plain(b) for b in uninterrupted], "the next epoch follows on"
+
+
+@pytest.mark.timeout(60)
+def test_iterable_dataset_state_inside_workers_needs_the_same_worker_count_and_order():
+    loader = DataLoader(ShardedStatefulStream([5, 5]), batch_size=2, seed=0, num_workers=2)
     it = iter(loader)
     next(it)
-    with pytest.raises(NotImplementedError, match="num_workers=0"):
-        loader.state_dict()
+    state = loader.state_dict()
+    del it
+    with pytest.raises(ValueError, match="num_workers"):
+        DataLoader(ShardedStatefulStream([5, 5]), batch_size=2, seed=0, num_workers=1).load_state_dict(state)
+    unordered = DataLoader(StatefulStream(), batch_size=2, num_workers=1, in_order=False)
+    it = iter(unordered)
+    next(it)
+    with pytest.raises(NotImplementedError, match="in_order=True"):
+        unordered.state_dict()
     del it
 
 

@@ -9,11 +9,13 @@ that runs the plan through an executor.
 Seeds (one root per epoch): ``base_seed`` is ``derive_seed(seed, epoch)`` when
 ``seed=`` is given, else one draw from ``generator`` (or the global generator)
 as torch draws it; batch ``i`` is loaded with ``random``, ``numpy.random`` and
-torch seeded from ``derive_seed(base_seed, i)``, in a worker or in-process.
+torch seeded from ``derive_seed(base_seed, i)``, in a worker or in-process
+(an iterable dataset's batch ``k`` from worker ``w``: ``derive_seed(base_seed, w, k)``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import multiprocessing
@@ -523,8 +525,11 @@ class _LoaderIterator:
         sampler = loader._index_sampler
         stateful = callable(getattr(sampler, "state_dict", None))
         on_first_draw = partial(progress.note_first_draw, sampler) if stateful else None
-        plan = self._plan(indices, progress.base_seed, first, skip, resume.sampler_skip if resume else 0, on_first_draw)
-        executor.begin_epoch(next(_pass_ids), plan, first, skip)
+        plan = self._plan(
+            indices, progress.base_seed, first, skip, resume.sampler_skip if resume else 0, on_first_draw, loader._iterable
+        )
+        workers_resume = resume.worker_progress if resume is not None and not resume.refetch else None
+        executor.begin_epoch(next(_pass_ids), plan, first, skip, workers_resume)
         if loader._iterable and not loader.num_workers:
             progress.fetcher = executor._fetcher
             if resume is not None and not resume.refetch:
@@ -547,6 +552,7 @@ class _LoaderIterator:
         skip: frozenset,
         sampler_skip: int,
         on_first_draw: Optional[Callable[[], None]],
+        iterable: bool,
     ) -> Iterator[PlannedBatch]:
         """The epoch's batches from ``first_index`` on, each with its seed,
         leaving out ``skip``. A resumed sampler that cannot jump draws and
@@ -559,7 +565,10 @@ class _LoaderIterator:
                 on_first_draw()
                 on_first_draw = None
             if batch_index not in skip:
-                yield PlannedBatch(batch_index, batch, rng.derive_seed(base_seed, batch_index))
+                # Map-style: the batch's own seed. Iterable: the base seed; the
+                # fetcher derives each batch's from (worker, its batch count).
+                seed = base_seed if iterable else rng.derive_seed(base_seed, batch_index)
+                yield PlannedBatch(batch_index, batch, seed)
             batch_index += 1
 
     def __iter__(self) -> "_LoaderIterator":
@@ -574,6 +583,8 @@ class _LoaderIterator:
                 self._close()
                 raise
             self._progress.delivered(taken.index)
+            if taken.worker_progress is not None:
+                self._progress.worker_progress = taken.worker_progress
             if self._refetch is not None and self._refetch.already_delivered(taken.index):
                 continue  # delivered before the resume: loaded again only to move the dataset on
             if taken.error is not None:
@@ -617,6 +628,9 @@ class _Taken:
     index: int
     data: Any = None
     error: Optional[Exception] = None
+    #: Iterable datasets in workers: a copy of the executor's worker_progress
+    #: as of this batch, taken beside it (in the pin thread too).
+    worker_progress: Optional[dict] = None
 
 
 def _take(executor: Any) -> _Taken:
@@ -629,12 +643,19 @@ def _take(executor: Any) -> _Taken:
     except Exception as error:
         if executor.last_delivered is None:
             raise  # the executor's own failure (a dead worker, a timeout), not a batch's
-        return _Taken(executor.last_delivered, error=error)
-    return _Taken(executor.last_delivered, data)
+        return _Taken(executor.last_delivered, error=error, worker_progress=_progress_copy(executor))
+    return _Taken(executor.last_delivered, data, worker_progress=_progress_copy(executor))
+
+
+def _progress_copy(executor: Any) -> Optional[dict]:
+    progress = executor.worker_progress
+    if progress is None:
+        return None
+    return {"states": list(progress["states"]), "retired": list(progress["retired"]), "next": progress["next"]}
 
 
 def _pin_taken(taken: _Taken) -> _Taken:
-    return taken if taken.error is not None else _Taken(taken.index, pin_tree(taken.data))
+    return taken if taken.error is not None else dataclasses.replace(taken, data=pin_tree(taken.data))
 
 
 def _close_iteration(pin_thread: Optional[PinThread], executor: Any, progress: _state.EpochProgress) -> None:

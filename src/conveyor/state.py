@@ -118,6 +118,9 @@ class EpochProgress:
     iterating: bool = True
     #: The in-process fetcher of an iterable dataset, whose iterator state is saved.
     fetcher: Any = None
+    #: Iterable dataset in workers: each worker's copy after its last
+    #: delivered batch, the workers that ran out, whose turn is next.
+    worker_progress: Any = None
 
     @property
     def count(self) -> int:
@@ -178,6 +181,8 @@ class ResumePoint:
     generator_state: Any
     sampler_skip: int
     refetch: bool
+    #: Iterable dataset in workers: where each worker's copy stood (or None).
+    worker_progress: Any = None
 
     @property
     def count(self) -> int:
@@ -248,26 +253,29 @@ def _positioned(sampler_state: Any, position: int) -> Any:
     return sampler_state
 
 
-def _iterable_states(loader: Any, fetcher: Any) -> tuple[Any, Any, bool]:
-    """(dataset state, iterator state, iterator ended) of an iterable dataset in this process."""
-    if not loader._iterable:
-        return None, None, False
-    dataset = loader.dataset
-    dataset_state = dataset.state_dict() if _is_stateful(dataset) else None
-    iterator = getattr(fetcher, "_iterator", None)
-    iterator_state = None
-    if iterator is not None and iterator is not dataset and _is_stateful(iterator):
-        iterator_state = iterator.state_dict()
-    return dataset_state, iterator_state, bool(getattr(fetcher, "ended", False))
+def _iterable_states(loader: Any, fetcher: Any) -> dict[str, Any]:
+    """Where an iterable dataset stands in this process: dataset state,
+    iterator state, whether the iterator ended, batches served this epoch."""
+    if not loader._iterable or loader.num_workers > 0:
+        # Not iterated here (with workers, the states live there: worker_progress).
+        return {"dataset_state": None, "iterator_state": None, "iterator_ended": False, "served": 0}
+    if fetcher is None:
+        dataset = loader.dataset
+        return {
+            "dataset_state": dataset.state_dict() if _is_stateful(dataset) else None,
+            "iterator_state": None,
+            "iterator_ended": False,
+            "served": 0,
+        }
+    return fetcher.state()
 
 
 def _check_savable(loader: Any) -> None:
-    if loader._iterable and loader.num_workers > 0 and _is_stateful(loader.dataset):
+    if loader._iterable and loader.num_workers > 0 and not loader.in_order and _is_stateful(loader.dataset):
         raise NotImplementedError(
-            f"DataLoader.state_dict: {type(loader.dataset).__name__} has state_dict/load_state_dict, but with "
-            f"num_workers={loader.num_workers} its state lives in the worker processes, and conveyor does not "
-            f"collect it yet. Use num_workers=0 to save and resume it exactly, or drop its state_dict to resume "
-            f"by re-reading the delivered batches."
+            f"DataLoader.state_dict: {type(loader.dataset).__name__} has state_dict/load_state_dict, and its "
+            f"copies in {loader.num_workers} workers are saved as of the batches delivered in order; with "
+            f"in_order=False there is no such point. Use in_order=True to save and resume it exactly."
         )
 
 
@@ -287,7 +295,7 @@ def save(loader: Any) -> dict[str, Any]:
 
 
 def _inside_epoch(loader: Any, progress: EpochProgress) -> dict[str, Any]:
-    dataset_state, iterator_state, ended = _iterable_states(loader, progress.fetcher)
+    here = _iterable_states(loader, progress.fetcher)
     return {
         "epoch": progress.epoch,
         "in_epoch": True,
@@ -296,15 +304,17 @@ def _inside_epoch(loader: Any, progress: EpochProgress) -> dict[str, Any]:
         "delivered_ahead": sorted(progress.delivered_ahead),
         "sampler": _positioned(progress.sampler_state, progress.position),
         "generator_state": progress.generator_state,
-        "dataset_state": dataset_state,
-        "iterator_state": iterator_state,
-        "iterator_ended": ended,
+        "dataset_state": here["dataset_state"],
+        "iterator_state": here["iterator_state"],
+        "iterator_ended": here["iterator_ended"],
+        "iterator_served": here["served"],
+        "worker_progress": progress.worker_progress,
     }
 
 
 def _between_epochs(loader: Any) -> dict[str, Any]:
     sampler = loader._index_sampler
-    dataset_state, _, _ = _iterable_states(loader, None)
+    dataset_state = _iterable_states(loader, None)["dataset_state"]
     return {
         "epoch": loader._epoch,
         "in_epoch": False,
@@ -316,6 +326,8 @@ def _between_epochs(loader: Any) -> dict[str, Any]:
         "dataset_state": dataset_state,
         "iterator_state": None,
         "iterator_ended": False,
+        "iterator_served": 0,
+        "worker_progress": None,
     }
 
 
@@ -456,7 +468,15 @@ def load(loader: Any, state: Any) -> None:
     sampler_state = state["sampler"]
     if sampler_state is not None and _is_stateful(sampler):
         sampler.load_state_dict(sampler_state)  # checks its own settings; raises before anything changed
-    refetch = in_epoch and loader._iterable and state["dataset_state"] is None and state["iterator_state"] is None
+    worker_progress = _read_worker_progress(loader, state.get("worker_progress"))
+    exact_in_workers = worker_progress is not None and any(s is not None for s in worker_progress["states"])
+    refetch = (
+        in_epoch
+        and loader._iterable
+        and state["dataset_state"] is None
+        and state["iterator_state"] is None
+        and not exact_in_workers
+    )
     if refetch and position + len(ahead) > 0:
         warnings.warn(
             f"{type(loader.dataset).__name__} (and its iterator) has no state_dict/load_state_dict: to resume "
@@ -483,7 +503,32 @@ def load(loader: Any, state: Any) -> None:
             generator_state=state["generator_state"],
             sampler_skip=0 if (jumps or loader._iterable) else position,
             refetch=refetch,
+            worker_progress=worker_progress,
         )
+
+
+def _read_worker_progress(loader: Any, saved: Any) -> Any:
+    """The saved worker progress, checked against this loader's workers."""
+    if saved is None:
+        return None
+    count = loader.num_workers
+    try:
+        states, retired, turn = saved["states"], saved["retired"], saved["next"]
+        ok = (
+            isinstance(states, list)
+            and len(states) == count
+            and all(isinstance(w, int) and 0 <= w < count for w in retired)
+            and isinstance(turn, int)
+            and 0 <= turn < count
+        )
+    except (TypeError, KeyError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"DataLoader.load_state_dict: the state's worker_progress does not fit num_workers={count}: "
+            f"{saved!r}; pass a dict returned by DataLoader.state_dict() of a loader with the same arguments"
+        )
+    return saved
 
 
 def _restore_generator(loader: Any, generator_state: Any) -> None:
@@ -497,6 +542,7 @@ def restore_iterator(fetcher: Any, state: Mapping[str, Any]) -> None:
     if state["iterator_state"] is not None:
         fetcher._iterator.load_state_dict(state["iterator_state"])
     fetcher.ended = bool(state["iterator_ended"])
+    fetcher.served = int(state.get("iterator_served", 0))
 
 
 def drop_resume_for_epoch(loader: Any, epoch: int) -> None:

@@ -14,6 +14,7 @@ the same batches, whatever the number of workers.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 import itertools
 import os
@@ -64,8 +65,16 @@ class InProcessExecutor:
         #: Batch index of the latest batch handed out (or raised); None when none was.
         self.last_delivered: Optional[int] = None
 
+    #: Only workers' copies of an iterable dataset need this (see ProcessExecutor).
+    worker_progress = None
+
     def begin_epoch(
-        self, epoch_id: int, tasks: Iterator[PlannedBatch], first_index: int = 0, skip: frozenset = frozenset()
+        self,
+        epoch_id: int,
+        tasks: Iterator[PlannedBatch],
+        first_index: int = 0,
+        skip: frozenset = frozenset(),
+        workers_resume: Optional[dict] = None,
     ) -> None:
         """Start a pass. Batches come in plan order here, so ``first_index``
         and ``skip`` (see :meth:`ProcessExecutor.begin_epoch`) change nothing."""
@@ -140,6 +149,11 @@ class ProcessExecutor:
         self._cycle = itertools.count()
         #: Batch index of the latest batch handed out (or raised); None when none was.
         self.last_delivered: Optional[int] = None
+        #: Iterable datasets: where each worker's copy stood after its last
+        #: delivered batch, which workers ran out, whose turn is next.
+        self.worker_progress: Optional[dict] = None
+        self._retired_at: dict[int, tuple] = {}
+        self._restore: dict[int, Any] = {}
         self._slots: Optional[SlotPool] = None
         self._stop_flag: Optional[StopFlag] = None
         self._noted = False
@@ -207,14 +221,22 @@ class ProcessExecutor:
 
     # ----------------------------------------------------------------- epoch
     def begin_epoch(
-        self, epoch_id: int, tasks: Iterator[PlannedBatch], first_index: int = 0, skip: frozenset = frozenset()
+        self,
+        epoch_id: int,
+        tasks: Iterator[PlannedBatch],
+        first_index: int = 0,
+        skip: frozenset = frozenset(),
+        workers_resume: Optional[dict] = None,
     ) -> None:
         """Start a new pass; results of an abandoned pass are dropped on arrival.
 
         A resumed epoch's plan starts at batch ``first_index`` and leaves out
         the batches in ``skip`` (delivered before the resume, with
         ``in_order=False``); in-order delivery starts at ``first_index`` and
-        passes over ``skip``.
+        passes over ``skip``. For an iterable dataset, ``workers_resume`` (a
+        saved ``worker_progress``) puts each worker's copy back where it
+        stood, retires the workers that had run out and gives the next turn
+        to the worker whose turn it was.
         """
         self._raise_if_unusable()
         self._epoch_id = epoch_id
@@ -228,6 +250,22 @@ class ProcessExecutor:
         self._cycle = itertools.count()  # round robin starts at worker 0, as torch's
         for worker in self._workers:
             worker.active = True
+        self._retired_at.clear()
+        self._restore = {}
+        self.worker_progress = None
+        if self.config.spec.iterable:
+            count = len(self._workers)
+            self.worker_progress = {"states": [None] * count, "retired": [], "next": 0}
+            if workers_resume is not None:
+                self._resume_workers(workers_resume)
+
+    def _resume_workers(self, saved: dict) -> None:
+        states, retired, turn = list(saved["states"]), list(saved["retired"]), int(saved["next"])
+        self.worker_progress = {"states": states, "retired": retired, "next": turn}
+        self._cycle = itertools.count(turn)
+        self._restore = {wid: state for wid, state in enumerate(states) if state is not None}
+        for wid in retired:
+            self._workers[wid].active = False
 
     def next_batch(self) -> Any:
         """The next batch of this epoch; StopIteration at its end."""
@@ -295,7 +333,8 @@ class ProcessExecutor:
 
     def _send_task(self, worker: _Worker, planned: PlannedBatch) -> None:
         slot = self._slots.lend(worker.id) if self._slots is not None else None
-        task = Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices, slot)
+        restore = self._restore.pop(worker.id, None)
+        task = Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices, slot, restore)
         try:
             _send(worker.channels.tasks, task)
         except (BrokenPipeError, OSError):
@@ -352,13 +391,14 @@ class ProcessExecutor:
             self._give_back(worker, slot)
             return  # a result of an abandoned epoch
         if isinstance(message, Batch):
-            message = Batch(message.epoch_id, message.batch_index, message.worker_id, self._decode(worker, slot, message))
+            message = dataclasses.replace(message, data=self._decode(worker, slot, message))
         else:
             self._give_back(worker, slot)
         if isinstance(message, Exhausted):
             worker.active = False
             self._pending.pop(message.batch_index)
             self._skipped.add(message.batch_index)
+            self._retired_at[message.batch_index] = (message.worker_id, message.worker_state)
             self._arrivals.append(message.batch_index)
             return
         self._ready[message.batch_index] = message
@@ -390,12 +430,15 @@ class ProcessExecutor:
         if self.config.in_order:
             while self._next_to_deliver in self._skipped:
                 self._skipped.discard(self._next_to_deliver)
+                self._note_retired(self._retired_at.pop(self._next_to_deliver, None))
                 self._next_to_deliver += 1
             index = self._next_to_deliver
             if index in self._ready:
                 self._next_to_deliver += 1
                 self._pending.pop(index, None)
-                return True, self._ready.pop(index)
+                message = self._ready.pop(index)
+                self._note_delivered(message)
+                return True, message
             return False, None
         while self._arrivals:
             index = self._arrivals.popleft()
@@ -403,6 +446,25 @@ class ProcessExecutor:
                 self._pending.pop(index, None)
                 return True, self._ready.pop(index)
         return False, None
+
+    def _note_delivered(self, message: Any) -> None:
+        progress = self.worker_progress
+        if progress is None:
+            return
+        state = getattr(message, "worker_state", None)
+        if state is not None:
+            progress["states"][message.worker_id] = state
+        progress["next"] = (message.worker_id + 1) % len(progress["states"])
+
+    def _note_retired(self, retired: Optional[tuple]) -> None:
+        progress = self.worker_progress
+        if progress is None or retired is None:
+            return
+        wid, state = retired
+        if state is not None:
+            progress["states"][wid] = state
+        if wid not in progress["retired"]:
+            progress["retired"].append(wid)
 
     def _deliver(self, message: Any) -> Any:
         if isinstance(message, TaskFailed):

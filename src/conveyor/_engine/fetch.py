@@ -68,8 +68,12 @@ def collate_route(collate_fn: Callable[[Any], Any]) -> tuple[Optional[Callable[[
 class MapFetcher:
     """Map-style dataset: a task's indices name the samples."""
 
-    def __init__(self, spec: FetchSpec):
+    def __init__(self, spec: FetchSpec, worker_id: int = 0):
         self.spec = spec
+
+    def seed_for(self, task_seed: Optional[int]) -> Optional[int]:
+        """A map-style task carries its batch's seed: derive_seed(base_seed, batch index)."""
+        return task_seed
 
     def fetch(self, indices: Any, allocate: Optional[Allocate] = None) -> Any:
         spec = self.spec
@@ -82,20 +86,56 @@ class IterableFetcher:
     """Iterable dataset: each task takes the next ``batch_size`` items of
     this process's iterator (one item when batching is off)."""
 
-    def __init__(self, spec: FetchSpec):
+    def __init__(self, spec: FetchSpec, worker_id: int = 0):
         self.spec = spec
+        self.worker_id = worker_id
         self._iterator: Optional[Iterator[Any]] = None
         self.ended = False
+        #: Batches this process's copy has been asked for this epoch.
+        self.served = 0
 
-    def restart(self) -> None:
-        """Begin a new pass over the dataset (a new epoch)."""
-        self._iterator = iter(self.spec.dataset)
+    def seed_for(self, task_seed: Optional[int]) -> Optional[int]:
+        """An iterable task carries the epoch's base seed; batch ``k`` of
+        worker ``w`` is loaded under derive_seed(base_seed, w, k), which does
+        not depend on how the main process happened to hand out tasks."""
+        return None if task_seed is None else rng.derive_seed(task_seed, self.worker_id, self.served)
+
+    def restart(self, restore: Any = None) -> None:
+        """Begin a new pass over the dataset (a new epoch), or continue one
+        from ``restore`` (a dict made by :meth:`state`)."""
+        dataset = self.spec.dataset
+        if restore is not None and restore.get("dataset_state") is not None:
+            dataset.load_state_dict(restore["dataset_state"])
+        self._iterator = iter(dataset)
         self.ended = False
+        self.served = 0
+        if restore is not None:
+            if restore.get("iterator_state") is not None:
+                self._iterator.load_state_dict(restore["iterator_state"])
+            self.ended = bool(restore.get("iterator_ended"))
+            self.served = int(restore.get("served", 0))
+
+    def stateful(self) -> bool:
+        """Whether the dataset or its iterator can report where it stands."""
+        return _is_stateful(self.spec.dataset) or (self._iterator is not None and _is_stateful(self._iterator))
+
+    def state(self) -> dict:
+        """Where this process's copy stands: plain values for DataLoader.state_dict."""
+        dataset, iterator = self.spec.dataset, self._iterator
+        return {
+            "dataset_state": dataset.state_dict() if _is_stateful(dataset) else None,
+            "iterator_state": iterator.state_dict()
+            if iterator is not None and iterator is not dataset and _is_stateful(iterator)
+            else None,
+            "iterator_ended": self.ended,
+            "served": self.served,
+        }
 
     def fetch(self, indices: Any, allocate: Optional[Allocate] = None) -> Any:
         spec = self.spec
         if self._iterator is None:
             self.restart()
+        self.served += 1
         if self.ended:
             raise EndOfData
         if not spec.auto_collation:
@@ -117,13 +157,18 @@ class IterableFetcher:
         return spec.collate(samples, allocate)
 
 
-def make_fetcher(spec: FetchSpec):
-    return IterableFetcher(spec) if spec.iterable else MapFetcher(spec)
+def _is_stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def make_fetcher(spec: FetchSpec, worker_id: int = 0):
+    return IterableFetcher(spec, worker_id) if spec.iterable else MapFetcher(spec, worker_id)
 
 
 def fetch_seeded(fetcher, indices: Any, seed: Optional[int], allocate: Optional[Allocate] = None) -> Any:
     """Seed ``random``, ``numpy.random`` and torch (when loaded) with the
     batch's seed, then load the batch. ``seed=None`` leaves them alone."""
+    seed = fetcher.seed_for(seed)
     if seed is not None:
         rng.seed_global_generators(seed)
     return fetcher.fetch(indices, allocate)
@@ -134,7 +179,7 @@ def fetch_in_main(fetcher, indices: Any, seed: Optional[int]) -> Any:
     states back afterwards: in the main process they belong to the training
     loop (dropout masks, its own shuffles), which must not see them move."""
     if seed is None:
-        return fetcher.fetch(indices)
+        return fetcher.fetch(indices)  # (an iterable fetcher still counts the batch)
     saved = rng.global_generator_states()
     try:
         return fetch_seeded(fetcher, indices, seed)

@@ -31,6 +31,9 @@ class Task:
     #: Which of this worker's shared-memory slots to write the batch into;
     #: None: send it inline (no slot free, or shared memory is off).
     slot: Optional[int] = None
+    #: A resumed epoch's first task to a worker: where its copy of an
+    #: iterable dataset stood (see ``worker.iterable_state``).
+    restore: Any = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,9 @@ class Batch:
     slot_size: int = 0
     #: A one-time remark for the user (shared memory exhausted, say).
     note: Optional[str] = None
+    #: Where the worker's iterable dataset stands after this batch, when it
+    #: has state_dict (for DataLoader.state_dict).
+    worker_state: Any = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class Exhausted:
     epoch_id: int
     batch_index: int
     worker_id: int
+    worker_state: Any = None
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def run_worker(config: WorkerConfig, task_conn, result_conn) -> None:
         _set_worker_info(config)
         if config.worker_init_fn is not None:
             config.worker_init_fn(wid)
-        fetcher = make_fetcher(config.fetch)
+        fetcher = make_fetcher(config.fetch, config.worker_id)
     except Exception:
         _send(result_conn, InitFailed(wid, capture_failure(wid, where)))
         return
@@ -167,13 +167,14 @@ def run_worker(config: WorkerConfig, task_conn, result_conn) -> None:
         if task.epoch_id != epoch_id:
             epoch_id = task.epoch_id
             if config.fetch.iterable:
-                fetcher.restart()
+                fetcher.restart(task.restore)
         writer = writers[task.slot] if task.slot is not None else None
         message = _load(config, fetcher, task, writer, where)
+        if config.fetch.iterable and isinstance(message, (Batch, Exhausted)) and fetcher.stateful():
+            message = dataclasses.replace(message, worker_state=fetcher.state())
         if writer is not None and writer.full and not noted and isinstance(message, Batch):
             noted = True
-            message = Batch(message.epoch_id, message.batch_index, wid, message.data, message.used, message.slot_size,
-                            note=writer.full)
+            message = dataclasses.replace(message, note=writer.full)
         try:
             _send_result(result_conn, message, task)
         except (BrokenPipeError, OSError):
