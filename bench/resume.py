@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=100_000)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -204,7 +204,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--sample-us", type=float, default=20.0, help="busy CPU time per sample, µs")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--fractions", default="0.1,0.9", help="where in the epoch to resume, comma-separated")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata 0.11 on torch 2.13
     json.dump(run(args), sys.stdout, indent=2)
     sys.stdout.write("\n")

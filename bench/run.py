@@ -18,6 +18,9 @@ Workloads:
   d  time to the first batch under spawn, in a fresh script that imports torch. s.
   e  peak memory of (a): resident memory of the main process plus workers,
      sampled every 10 ms. MB.
+  f  resume: time to the first batch after resuming at 10% and 90% of an
+     epoch of 100,000 samples, against torch's only way (iterate and discard)
+     and torchdata's StatefulDataLoader when installed (bench/resume.py).
 """
 
 from __future__ import annotations
@@ -237,7 +240,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=5, help="A B rounds per workload (default 5)")
-    parser.add_argument("--only", default="a,b,c,d,e", help="comma-separated workloads to run")
+    parser.add_argument("--only", default="a,b,c,d,e,f", help="comma-separated workloads to run")
     args = parser.parse_args()
     only = set(args.only.split(","))
     import torch
@@ -272,6 +275,10 @@ def main() -> int:
             rounds = max(2, args.rounds // 2)
             work["e_peak_memory_MB"] = _alternate(lambda k: run_memory(k, tmp, 60, "rss"), rounds)
             work["e_peak_memory_pss_MB"] = _alternate(lambda k: run_memory(k, tmp, 60, "pss"), rounds)
+    if "f" in only:
+        import resume
+
+        report["resume"] = resume.run(resume.parse_args(["--repeats", str(args.rounds)]))
     limits = report["limits"]
     if "a_big_batches_GBps" in report["workloads"]:
         report["workloads"]["a_big_batches_GBps"]["fraction_of_memcpy"] = round(
@@ -288,6 +295,8 @@ def main() -> int:
         print("limits: " + ", ".join(f"{k}={v:.3g}" for k, v in limits.items()))
         for name, r in report["workloads"].items():
             print(f"{name:28s} conveyor {r['conveyor']:>10.4g}  torch {r['torch']:>10.4g}  ratio {r['ratio']:.2f}")
+        if "resume" in report:
+            print("f_resume: " + json.dumps(report["resume"]))
     return 0
 
 

@@ -64,6 +64,8 @@ _KEYS = (
     "dataset_state",
     "iterator_state",
     "iterator_ended",
+    "iterator_served",
+    "worker_progress",
 )
 #: Keys of torchdata's StatefulDataLoader states, to name them in the error.
 _TORCHDATA_KEYS = ("_snapshot", "_num_yielded", "_sampler_iter_yielded", "_index_sampler_state")
@@ -468,7 +470,7 @@ def load(loader: Any, state: Any) -> None:
     sampler_state = state["sampler"]
     if sampler_state is not None and _is_stateful(sampler):
         sampler.load_state_dict(sampler_state)  # checks its own settings; raises before anything changed
-    worker_progress = _read_worker_progress(loader, state.get("worker_progress"))
+    worker_progress = _read_worker_progress(loader, state["worker_progress"])
     exact_in_workers = worker_progress is not None and any(s is not None for s in worker_progress["states"])
     refetch = (
         in_epoch
@@ -542,7 +544,7 @@ def restore_iterator(fetcher: Any, state: Mapping[str, Any]) -> None:
     if state["iterator_state"] is not None:
         fetcher._iterator.load_state_dict(state["iterator_state"])
     fetcher.ended = bool(state["iterator_ended"])
-    fetcher.served = int(state.get("iterator_served", 0))
+    fetcher.served = int(state["iterator_served"])
 
 
 def drop_resume_for_epoch(loader: Any, epoch: int) -> None:

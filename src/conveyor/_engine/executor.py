@@ -17,7 +17,9 @@ import copy
 import dataclasses
 import enum
 import itertools
+import math
 import os
+import select
 import time
 import warnings
 from collections import deque
@@ -31,7 +33,7 @@ from .launch import Channels, WorkerProcess, deliver_config, pickle_config, star
 from .messages import Batch, Exhausted, InitFailed, Ready, Stop, Task, TaskFailed
 from .pickling import check_picklable
 from .shm import SPARE_SLOTS_PER_WORKER, SlotPool, StopFlag, torch_from_numpy
-from .worker import WorkerConfig, _send, receive
+from .worker import WorkerConfig, _send, receive, receive_all
 
 #: After Stop, how long workers get to finish and exit before they are killed.
 #: Short: workers hold nothing that needs a graceful end, and users wait on it.
@@ -107,6 +109,40 @@ class _Worker:
     exited: bool = False
 
 
+class _Poller:
+    """One ``poll`` object over every live worker's result pipe and sentinel,
+    kept from wait to wait: building a selector per wait, as
+    ``multiprocessing.connection.wait`` does, costs more than a small batch."""
+
+    def __init__(self) -> None:
+        self._poll = select.poll()
+        self._by_fd: dict[int, tuple[_Worker, bool]] = {}
+
+    @property
+    def watched(self) -> bool:
+        return bool(self._by_fd)
+
+    def watch(self, worker: _Worker) -> None:
+        for fd, is_exit in ((worker.channels.results.fileno(), False), (_fileno(worker.process.sentinel), True)):
+            self._poll.register(fd, select.POLLIN)
+            self._by_fd[fd] = (worker, is_exit)
+
+    def forget(self, worker: _Worker) -> None:
+        for fd, (owner, _) in list(self._by_fd.items()):
+            if owner is worker:
+                self._poll.unregister(fd)
+                del self._by_fd[fd]
+
+    def wait(self, timeout_s: Optional[float]) -> list[tuple[_Worker, bool]]:
+        """(worker, whether it exited) for each ready descriptor; [] at the timeout."""
+        timeout_ms = None if timeout_s is None else max(0, math.ceil(timeout_s * 1000))
+        return [self._by_fd[fd] for fd, _ in self._poll.poll(timeout_ms) if fd in self._by_fd]
+
+
+def _fileno(handle: Any) -> int:
+    return handle if isinstance(handle, int) else handle.fileno()
+
+
 @dataclass(frozen=True)
 class ProcessConfig:
     """How to run the pool; built by the DataLoader from its arguments."""
@@ -159,6 +195,7 @@ class ProcessExecutor:
         self._noted = False
         #: Workers that have not said Ready yet; nothing is delivered until none.
         self._starting: set[int] = set()
+        self._poller = _Poller()
 
     # ----------------------------------------------------------------- start
     def start(self) -> None:
@@ -194,6 +231,7 @@ class ProcessExecutor:
                 process = start_worker(method, worker_config, payload_by_worker[wid], channels)
                 channels.close_worker_ends()
                 self._workers.append(_Worker(wid, process, channels))
+                self._poller.watch(self._workers[-1])
                 self._starting.add(wid)
             for worker in self._workers:
                 deliver_config(method, worker.channels, payload_by_worker[worker.id])
@@ -292,19 +330,23 @@ class ProcessExecutor:
         return len(self._pending)
 
     def _dispatch(self) -> None:
+        """Fill the window; the tasks of one round go to each worker in one write."""
         limit = self.config.prefetch_factor * self.config.num_workers
+        batches: dict[int, list] = {}
         while not self._plan_done and self._in_flight() < limit:
             worker = self._choose_worker()
             if worker is None:
                 if not any(w.active for w in self._workers):
                     self._plan_done = True
-                return
+                break
             try:
                 planned = next(self._tasks)
             except StopIteration:
                 self._plan_done = True
-                return
-            self._send_task(worker, planned)
+                break
+            batches.setdefault(worker.id, []).append(self._assign(worker, planned))
+        for wid, tasks in batches.items():
+            self._send_tasks(self._workers[wid], tasks)
 
     def _choose_worker(self) -> Optional[_Worker]:
         active = [w for w in self._workers if w.active and not w.exited]
@@ -331,18 +373,21 @@ class ProcessExecutor:
             ),
         )
 
-    def _send_task(self, worker: _Worker, planned: PlannedBatch) -> None:
+    def _assign(self, worker: _Worker, planned: PlannedBatch) -> Task:
+        """Book a task for ``worker`` (a slot, its place in the queues)."""
         slot = self._slots.lend(worker.id) if self._slots is not None else None
         restore = self._restore.pop(worker.id, None)
-        task = Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices, slot, restore)
-        try:
-            _send(worker.channels.tasks, task)
-        except (BrokenPipeError, OSError):
-            self._give_back(worker, slot)
-            self._on_worker_exit(worker)
-            return
         worker.outstanding.append((self._epoch_id, planned.batch_index, slot))
         self._pending[planned.batch_index] = planned
+        return Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices, slot, restore)
+
+    def _send_tasks(self, worker: _Worker, tasks: list) -> None:
+        try:
+            _send(worker.channels.tasks, *tasks)
+        except (BrokenPipeError, OSError):
+            for task in tasks:  # it is dead: the sentinel tells how
+                self._give_back(worker, task.slot)
+            self._on_worker_exit(worker)
 
     def _give_back(self, worker: _Worker, slot: Optional[int]) -> None:
         if self._slots is not None:
@@ -350,35 +395,41 @@ class ProcessExecutor:
 
     # ------------------------------------------------------------- collect
     def _wait(self, deadline: Optional[float]) -> None:
-        live = [w for w in self._workers if not w.exited]
-        if not live:
+        """Wait for a result or a worker's exit (or the deadline), and take it in."""
+        if not self._poller.watched:
             raise RuntimeError("every DataLoader worker has stopped; nothing is left to wait for")
-        by_handle: dict[Any, _Worker] = {}
-        for w in live:
-            by_handle[w.channels.results] = w
-            by_handle[w.process.sentinel] = w
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready = wait_ready(list(by_handle), timeout)
+        ready = self._poller.wait(timeout)
         if not ready:
             self._on_timeout()
         exited = []
-        for handle in ready:
-            worker = by_handle[handle]
-            if handle is worker.channels.results:
-                self._drain(worker)
-            else:
+        for worker, is_exit in ready:
+            if is_exit:
                 exited.append(worker)
+            else:
+                self._receive_one(worker)
         for worker in exited:
             self._drain(worker)
             self._on_worker_exit(worker)
 
+    def _receive_one(self, worker: _Worker) -> None:
+        """Take one write's messages; if more are waiting, the next poll says so at once."""
+        try:
+            messages = receive_all(worker.channels.results)
+        except (EOFError, OSError):
+            return  # the sentinel tells whether it died
+        for message in messages:
+            self._handle(worker, message)
+
     def _drain(self, worker: _Worker) -> None:
+        """Take every message a worker sent before it exited."""
         conn = worker.channels.results
         try:
             while not conn.closed and conn.poll():
-                self._handle(worker, receive(conn))
+                for message in receive_all(conn):
+                    self._handle(worker, message)
         except (EOFError, OSError):
-            pass  # the sentinel tells whether it died
+            pass
 
     def _handle(self, worker: _Worker, message: Any) -> None:
         if isinstance(message, InitFailed):
@@ -506,6 +557,7 @@ class ProcessExecutor:
 
     def _on_worker_exit(self, worker: _Worker) -> None:
         worker.exited = True
+        self._poller.forget(worker)
         worker.process.join(_REAP_TIMEOUT_S)
         if self.state is not Lifecycle.RUNNING:
             return

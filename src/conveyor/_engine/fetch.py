@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Optional
 from .. import collate as _collate
 from .. import rng
 from ..dataset import fetch_many
+from ..state import _is_stateful
 
 Allocate = Callable[[tuple, Any], Any]
 
@@ -155,10 +156,6 @@ class IterableFetcher:
         if not samples or (spec.drop_last and len(samples) < spec.batch_size):
             raise EndOfData
         return spec.collate(samples, allocate)
-
-
-def _is_stateful(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 def make_fetcher(spec: FetchSpec, worker_id: int = 0):

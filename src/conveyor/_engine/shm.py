@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections.abc
 import copy
+import math
 import mmap
 import os
 import sys
@@ -89,8 +90,13 @@ class SlotWriter:
     def __init__(self, fd: int):
         self.fd = fd
         self.size = os.fstat(fd).st_size
-        self._map: Optional[mmap.mmap] = mmap.mmap(fd, self.size) if self.size else None
+        self._map: Optional[mmap.mmap] = None
+        self._current: tuple = ()
+        if self.size:
+            self._remap()
         self._offset = 0
+        #: id() of each array handed out this task -> (array, offset): the fast path of offset_of.
+        self._carved: dict[int, tuple] = {}
         self._maps: list[tuple[int, int, Any]] = []  # (address, size, mmap) usable this task
         #: Why the slot could not grow, once; the batch then travels inline.
         self.full: Optional[str] = None
@@ -98,7 +104,8 @@ class SlotWriter:
     def begin(self) -> None:
         """Start a batch: allocations begin at offset 0 again."""
         self._offset = 0
-        self._maps = [] if self._map is None else [(_address(np.frombuffer(self._map, np.uint8)), self.size, self._map)]
+        self._maps = [] if self._map is None else [self._current]
+        self._carved = {}
 
     @property
     def used(self) -> int:
@@ -112,15 +119,19 @@ class SlotWriter:
         except OSError as exc:
             raise SlotFull(f"cannot grow a shared-memory slot to {new_size} bytes: {exc}") from exc
         self.size = new_size
-        self._map = mmap.mmap(self.fd, new_size)
+        self._remap()
         # Arrays already carved from the old mapping stay valid: same file.
-        self._maps.append((_address(np.frombuffer(self._map, np.uint8)), new_size, self._map))
+        self._maps.append(self._current)
+
+    def _remap(self) -> None:
+        self._map = mmap.mmap(self.fd, self.size)
+        self._current = (_address(np.frombuffer(self._map, np.uint8)), self.size, self._map)
 
     def allocate(self, shape: tuple, dtype: Any) -> np.ndarray:
         """An uninitialised array in this slot (the collate ``allocate`` hook);
         an ordinary array if the slot cannot grow (it then travels inline)."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         start = _round_up(self._offset, _ALIGN_BYTES)
         if start + nbytes > self.size:
             try:
@@ -129,10 +140,15 @@ class SlotWriter:
                 self.full = str(exc)
                 return np.empty(shape, dtype)
         self._offset = start + nbytes
-        return np.ndarray(shape, dtype=dtype, buffer=self._map, offset=start)
+        array = np.ndarray(shape, dtype=dtype, buffer=self._map, offset=start)
+        self._carved[id(array)] = (array, start)
+        return array
 
     def offset_of(self, array: np.ndarray) -> Optional[int]:
         """The file offset of ``array`` if it was carved from this slot this task."""
+        carved = self._carved.get(id(array))
+        if carved is not None and carved[0] is array:
+            return carved[1]
         if not array.flags.c_contiguous:
             return None
         address = _address(array)
@@ -143,6 +159,7 @@ class SlotWriter:
 
     def close(self) -> None:
         self._maps = []
+        self._carved = {}
         self._map = None
 
 
@@ -321,7 +338,7 @@ class SlotPool:
             if not isinstance(value, Leaf):
                 return value
             dtype = np.dtype(value.dtype)
-            count = int(np.prod(value.shape, dtype=np.int64))
+            count = math.prod(value.shape)
             array = slab[value.offset : value.offset + count * dtype.itemsize].view(dtype).reshape(value.shape)
             return to_torch(array) if value.torch else array
 

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import io
 import os
 import pickle
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -45,6 +47,12 @@ from .torch_hook import when_torch_loads
 _MALLOC_TRIM_THRESHOLD_BYTES = 256 << 20
 #: Allocations below this come from the reusable heap, not a fresh mmap.
 _MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
+
+#: Results of tasks quicker than this are held back while more tasks wait
+#: in the pipe, and sent together; slower ones go at once (no added latency).
+_BATCHING_MAX_TASK_S = 0.001
+#: At most this many results travel in one write.
+_MAX_RESULTS_PER_MESSAGE = 8
 
 #: How often a worker checks that its parent is alive. Short enough that
 #: workers of a killed main process are gone well within a second.
@@ -118,20 +126,31 @@ def _keep_freed_memory() -> None:
     mallopt(m_mmap_threshold, _MALLOC_MMAP_THRESHOLD_BYTES)
 
 
-def _send(conn, message: Any) -> None:
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+def _send(conn, *messages: Any) -> None:
+    """Send one or more messages in one write (pickles back to back)."""
+    conn.send_bytes(b"".join(pickle.dumps(m, protocol=pickle.HIGHEST_PROTOCOL) for m in messages))
 
 
-def _send_result(conn, message: Any, task: Task) -> None:
+def _result_bytes(message: Any, task: Task) -> bytes:
+    """A result pickled; a batch that cannot be pickled becomes its TaskFailed."""
     try:
-        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
         failure = capture_failure(message.worker_id, f"in DataLoader worker process {message.worker_id}")
-        payload = pickle.dumps(
+        return pickle.dumps(
             TaskFailed(task.epoch_id, task.batch_index, message.worker_id, task.indices, failure),
             protocol=pickle.HIGHEST_PROTOCOL,
         )
-    conn.send_bytes(payload)
+
+
+def receive_all(conn) -> list:
+    """Every message of one write made by :func:`_send` or a worker's flush."""
+    data = conn.recv_bytes()
+    stream = io.BytesIO(data)
+    messages = []
+    while stream.tell() < len(data):
+        messages.append(pickle.load(stream))
+    return messages
 
 
 def receive(conn) -> Any:
@@ -157,17 +176,24 @@ def run_worker(config: WorkerConfig, task_conn, result_conn) -> None:
     stop = StopFlag(config.stop_fd) if config.stop_fd is not None else None
     noted = False
     epoch_id = None
+    pending: deque = deque()
+    outbox: list[bytes] = []
     while True:
-        try:
-            task = receive(task_conn)
-        except (EOFError, OSError):
-            return
+        if not pending:
+            if outbox and not _flush(result_conn, outbox):
+                return
+            try:
+                pending.extend(receive_all(task_conn))
+            except (EOFError, OSError):
+                return
+        task = pending.popleft()
         if isinstance(task, Stop) or (stop is not None and stop.is_set()):
             return
         if task.epoch_id != epoch_id:
             epoch_id = task.epoch_id
             if config.fetch.iterable:
                 fetcher.restart(task.restore)
+        started = time.perf_counter()
         writer = writers[task.slot] if task.slot is not None else None
         message = _load(config, fetcher, task, writer, where)
         if config.fetch.iterable and isinstance(message, (Batch, Exhausted)) and fetcher.stateful():
@@ -175,11 +201,25 @@ def run_worker(config: WorkerConfig, task_conn, result_conn) -> None:
         if writer is not None and writer.full and not noted and isinstance(message, Batch):
             noted = True
             message = dataclasses.replace(message, note=writer.full)
-        try:
-            _send_result(result_conn, message, task)
-        except (BrokenPipeError, OSError):
-            return
-        message = None  # let the batch go before waiting for the next task
+        outbox.append(_result_bytes(message, task))
+        message = None  # let the batch go before the next task
+        # Quick batches with more tasks already queued travel together: one
+        # write and one wake-up of the main process for several.
+        quick = time.perf_counter() - started < _BATCHING_MAX_TASK_S
+        more = bool(pending) or task_conn.poll(0)
+        if not (quick and more and len(outbox) < _MAX_RESULTS_PER_MESSAGE):
+            if not _flush(result_conn, outbox):
+                return
+
+
+def _flush(conn, outbox: list) -> bool:
+    """Send the results gathered so far; False once the main process is gone."""
+    try:
+        conn.send_bytes(b"".join(outbox))
+    except (BrokenPipeError, OSError):
+        return False
+    outbox.clear()
+    return True
 
 
 def _load(config: WorkerConfig, fetcher: Any, task: Task, writer: Optional[SlotWriter], where: str) -> Any:
