@@ -263,3 +263,45 @@ def test_small_dev_shm_is_no_problem(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "moved 275 MB" in out.stdout
     assert "Bus error" not in out.stderr
+
+
+class Varied:
+    """Samples whose arrays change dtype or shape part-way through a batch."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return {
+            "image": np.full((4, 40, 40), i, np.uint8),
+            "promoted": np.full(3000, i, np.float32 if i % 8 == 3 else np.float64),
+            "pair": (np.full(2000, i, np.int16), i),
+            "scalar": np.float32(i),
+            "zero_d": np.array(i),
+        }
+
+
+def test_samples_placed_early_collate_exactly_as_in_process():
+    """Workers copy each sample into its batch row as soon as it is made;
+    the batches still equal default_collate's, promotions included."""
+    expected = list(conveyor.DataLoader(Varied(), batch_size=8))
+    got = list(conveyor.DataLoader(Varied(), batch_size=8, num_workers=2))
+    for a, b in zip(expected, got, strict=True):
+        for key in ("image", "promoted", "scalar", "zero_d"):
+            assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key
+        assert np.array_equal(a["pair"][0], b["pair"][0]) and a["pair"][0].dtype == b["pair"][0].dtype
+        assert np.array_equal(a["pair"][1], b["pair"][1])
+
+
+def test_a_shape_change_part_way_gives_the_in_process_error():
+    class Ragged(Varied):
+        def __getitem__(self, i):
+            return np.zeros((3, 32 if i != 5 else 30, 32), np.uint8)
+
+    with pytest.raises(RuntimeError) as in_process:
+        list(conveyor.DataLoader(Ragged(), batch_size=8))
+    with pytest.raises(RuntimeError) as in_worker:
+        list(conveyor.DataLoader(Ragged(), batch_size=8, num_workers=1))
+    expected_head = str(in_process.value).splitlines()[0]
+    assert expected_head.startswith("stack expects each tensor to be equal size")
+    assert expected_head in str(in_worker.value)

@@ -99,7 +99,17 @@ def allocate_batch(shape: tuple, dtype: np.dtype) -> np.ndarray:
 
 
 def _stack_into(arrays: Sequence[np.ndarray], dtype: np.dtype, allocate: Allocate) -> np.ndarray:
-    """Allocate ``(len(arrays), *arrays[0].shape)`` once and copy each sample in."""
+    """Allocate ``(len(arrays), *arrays[0].shape)`` once and copy each sample in.
+
+    An allocator with a ``claim(arrays, dtype)`` method (the engine's, which
+    places samples in the batch as they are made) may answer with the
+    finished output, whose rows already are ``arrays``.
+    """
+    claim = getattr(allocate, "claim", None)
+    if claim is not None:
+        out = claim(arrays, dtype)
+        if out is not None:
+            return out
     out = allocate((len(arrays),) + arrays[0].shape, dtype)
     for i, array in enumerate(arrays):
         out[i] = array

@@ -78,9 +78,15 @@ class MapFetcher:
 
     def fetch(self, indices: Any, allocate: Optional[Allocate] = None) -> Any:
         spec = self.spec
-        if spec.auto_collation:
-            return spec.collate(fetch_many(spec.dataset, indices), allocate)
-        return spec.collate(spec.dataset[indices], allocate)
+        if not spec.auto_collation:
+            return spec.collate(spec.dataset[indices], allocate)
+        place = getattr(allocate, "place", None)
+        if place is not None and spec.collate_into is not None and not hasattr(spec.dataset, "__getitems__"):
+            # Each sample's arrays go into the batch while still in cache.
+            samples = [place(spec.dataset[i], k) for k, i in enumerate(indices)]
+        else:
+            samples = fetch_many(spec.dataset, indices)
+        return spec.collate(samples, allocate)
 
 
 class IterableFetcher:

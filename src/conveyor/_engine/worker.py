@@ -38,6 +38,7 @@ from . import info as _info
 from .fetch import EndOfData, FetchSpec, fetch_seeded, make_fetcher
 from .info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
 from .messages import Batch, Exhausted, InitFailed, Ready, Stop, Task, TaskFailed
+from .rows import RowPlacer
 from .shm import SlotWriter, StopFlag, encode
 from .torch_hook import when_torch_loads
 
@@ -232,6 +233,8 @@ def _load(config: WorkerConfig, fetcher: Any, task: Task, writer: Optional[SlotW
         # conveyor's own collate: numpy leaves, straight into the slot if any;
         # the main process converts to torch if the user asked for tensors.
         allocate = writer.allocate if writer is not None else np.empty
+        if writer is not None and spec.auto_collation and not spec.iterable:
+            allocate = RowPlacer(writer, len(task.indices))
     try:
         if writer is not None:
             writer.begin()
