@@ -3,12 +3,21 @@
     loader iterator ──begin_epoch(tasks)──▶ Executor ──next_batch()──▶ batch
                                              │
       InProcessExecutor: loads each batch in the calling thread (num_workers=0)
-      ProcessExecutor:   dispatch ──Task──▶ worker 0..N-1 ──Batch──▶ collect ──▶ reorder
-                         waits on result pipes AND worker sentinels, so a dead
-                         worker is noticed the moment it dies
+      ProcessExecutor:   dispatch ──Tasks (slot k)──▶ worker 0..N-1 ──Batch headers──▶ collect
+                         ──▶ views on slot k (SlotPool.decode) ──▶ reorder ──▶ batch
 
-Both take the same tasks (batch index, sample indices, batch seed) and give
-the same batches, whatever the number of workers.
+Actors of the ProcessExecutor:
+  * dispatch: keeps ``prefetch_factor × num_workers`` tasks in flight, each
+    with a free shared-memory slot of its worker; a round's tasks for one
+    worker travel in one write.
+  * collect: one ``poll`` over every result pipe AND every worker's sentinel,
+    so a dead worker is noticed the moment it dies; nothing is delivered
+    before every worker said Ready (a failing ``worker_init_fn`` comes first).
+  * reorder: in plan order (``in_order=True``) or as batches arrive.
+  * one failure path (``_fail``) and one idempotent shutdown (``shutdown``).
+
+Both executors take the same tasks (batch index, sample indices, seed) and
+give the same batches, whatever the number of workers.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from .launch import Channels, WorkerProcess, deliver_config, pickle_config, star
 from .messages import Batch, Exhausted, InitFailed, Ready, Stop, Task, TaskFailed
 from .pickling import check_picklable
 from .shm import SPARE_SLOTS_PER_WORKER, SlotPool, StopFlag, torch_from_numpy
-from .worker import WorkerConfig, _send, receive, receive_all
+from .worker import WorkerConfig, _send, receive_all
 
 #: After Stop, how long workers get to finish and exit before they are killed.
 #: Short: workers hold nothing that needs a graceful end, and users wait on it.

@@ -1,12 +1,16 @@
 """The worker process: set up once, then load batches until told to stop.
 
-    main ──Task──▶ [task pipe] ──▶ worker loop ──▶ fetch + collate ──▶ [result pipe] ──Batch──▶ main
+    main ──Tasks──▶ [task pipe] ──▶ worker loop ──▶ fetch + collate into slot k ──▶ [result pipe] ──Batch headers──▶ main
                                       │
+                                      ├─ stop flag (shared byte): checked before each task
                                       └─ parent watch thread: exits when the main process is gone
 
 Actors:
-  * ``run_worker``: seeds, calls ``worker_init_fn``, then serves tasks in
-    order; an exception in user code becomes a ``TaskFailed`` and the loop goes on.
+  * ``run_worker``: seeds, calls ``worker_init_fn``, says Ready, then serves
+    tasks in order, each under its batch's seed; arrays go straight into the
+    task's shared-memory slot (``rows.py``, ``shm.py``); an exception in user
+    code becomes a ``TaskFailed`` and the loop goes on. Results of quick
+    tasks travel together while more tasks wait.
   * ``_watch_parent``: a daemon thread; when the parent dies the worker exits
     at once, even in the middle of a long ``__getitem__``.
 
