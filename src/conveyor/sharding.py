@@ -27,6 +27,18 @@ def _distributed_world() -> tuple[int, int]:
     return 1, 0
 
 
+def _torch_worker_info() -> Any:
+    """torch.utils.data's worker info, when torch's own DataLoader runs this
+    dataset (never imports torch)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return torch.utils.data.get_worker_info()
+    except AttributeError:
+        return None
+
+
 class ShardedIterable(IterableDataset):
     """An iterable dataset that shards ``source`` across workers and ranks.
 
@@ -77,7 +89,7 @@ class ShardedIterable(IterableDataset):
             replicas, rank = _distributed_world()
         else:
             replicas, rank = self.num_replicas, self.rank
-        info = get_worker_info()
+        info = get_worker_info() or _torch_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         return rank * workers + worker, replicas * workers
 

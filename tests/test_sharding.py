@@ -1,0 +1,73 @@
+"""ShardedIterable: every item exactly once across workers and ranks, no
+get_worker_info() boilerplate; the expensive transform runs only on the shard."""
+
+import numpy as np
+import pytest
+
+import conveyor
+import conveyor.torch as ct
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def items(loader):
+    return sorted(int(x) for batch in loader for x in np.asarray(batch).ravel())
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_each_item_once_for_any_worker_count(num_workers):
+    loader = conveyor.DataLoader(conveyor.ShardedIterable(list(range(23))), batch_size=4, num_workers=num_workers)
+    assert items(loader) == list(range(23))
+
+
+def test_ranks_and_workers_together_cover_everything_once():
+    seen = []
+    for rank in range(3):
+        dataset = conveyor.ShardedIterable(range(50), num_replicas=3, rank=rank)
+        seen += items(conveyor.DataLoader(dataset, batch_size=5, num_workers=2))
+        assert len(dataset) == len(range(rank, 50, 3))
+    assert sorted(seen) == list(range(50))
+
+
+def test_transform_runs_only_on_this_shards_items(tmp_path):
+    log = tmp_path / "calls"
+
+    def expensive(i):
+        with open(log, "a") as f:
+            f.write(f"{i}\n")
+        return i * 10
+
+    dataset = conveyor.ShardedIterable(list(range(12)), transform=expensive)
+    assert items(conveyor.DataLoader(dataset, batch_size=3, num_workers=2)) == [i * 10 for i in range(12)]
+    assert sorted(int(x) for x in log.read_text().split()) == list(range(12))  # once each, no more
+
+
+def test_flatten_and_callable_sources():
+    def shards():
+        return iter([[1, 2], [3], [4, 5, 6]])
+
+    dataset = conveyor.ShardedIterable(shards, transform=lambda shard: [x * 2 for x in shard], flatten=True)
+    assert items(conveyor.DataLoader(dataset, batch_size=2, num_workers=2)) == [2, 4, 6, 8, 10, 12]
+    with pytest.raises(TypeError, match="no length"):
+        len(dataset)
+
+
+def test_torch_facade_version_is_a_torch_iterable_dataset():
+    import torch.utils.data as tud
+
+    dataset = ct.ShardedIterable(range(10))
+    assert isinstance(dataset, tud.IterableDataset)
+    assert items(tud.DataLoader(dataset, batch_size=3, num_workers=2)) == list(range(10))  # torch's workers too
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(source=42), TypeError),
+        (dict(source=[1], num_replicas=2), ValueError),
+        (dict(source=[1], num_replicas=2, rank=2), ValueError),
+    ],
+)
+def test_bad_arguments(kwargs, error):
+    with pytest.raises(error):
+        conveyor.ShardedIterable(**kwargs)
