@@ -25,6 +25,8 @@ from typing import Any, Generic, Optional, Sequence, TypeVar, Union
 import torch as _torch
 import torch.utils.data as _tud
 
+from . import __all__ as _core_names
+
 from . import collate as _collate
 from . import dataset as _dataset
 from . import loader as _loader
@@ -33,34 +35,9 @@ from . import sharding as _sharding
 from .state import Stateful
 from ._engine.info import WorkerInfo, get_worker_info
 
-__all__ = [
-    "BatchSampler",
-    "ChainDataset",
-    "ConcatDataset",
-    "DataLoader",
-    "Dataset",
-    "DistributedSampler",
-    "IterableDataset",
-    "PadCollate",
-    "RandomSampler",
-    "Sampler",
-    "SequentialSampler",
-    "ShardedIterable",
-    "StackDataset",
-    "Stateful",
-    "StatefulDataLoader",
-    "Subset",
-    "SubsetRandomSampler",
-    "TensorDataset",
-    "TokenBudgetBatchSampler",
-    "WeightedRandomSampler",
-    "WorkerInfo",
-    "default_collate",
-    "default_convert",
-    "get_worker_info",
-    "random_split",
-    "register_collate",
-]
+#: The core's public names (each given its torch flavour below), less the
+#: core-only seed helper, plus torchdata's loader name.
+__all__ = sorted({name for name in _core_names if name != "derive_seed"} | {"StatefulDataLoader"})
 
 
 def _torch_flavoured(core: type, torch_base: type) -> type:
