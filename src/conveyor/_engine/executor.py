@@ -41,7 +41,7 @@ from .fetch import EndOfData, FetchSpec, fetch_in_main, make_fetcher
 from .launch import Channels, WorkerProcess, deliver_config, pickle_config, start_worker
 from .messages import Batch, Exhausted, InitFailed, Ready, Stop, Task, TaskFailed
 from .pickling import check_picklable
-from .shm import SPARE_SLOTS_PER_WORKER, SlotPool, StopFlag, torch_from_numpy
+from .shm import SPARE_SLOTS, SlotPool, StopFlag, torch_from_numpy
 from .worker import WorkerConfig, _send, receive_all
 
 #: After Stop, how long workers get to finish and exit before they are killed.
@@ -219,10 +219,9 @@ class ProcessExecutor:
             )
         self._slots = self._make_slots()
         self._stop_flag = StopFlag() if self._slots is not None else None
-        all_slot_fds = tuple(fd for fds in self._slots.fds for fd in fds) if self._slots else ()
+        slot_fds = tuple(self._slots.fds) if self._slots else ()
         try:
             for wid in range(cfg.num_workers):
-                own_slots = tuple(self._slots.fds[wid]) if self._slots else ()
                 channels = Channels()
                 worker_config = WorkerConfig(
                     worker_id=wid,
@@ -231,8 +230,8 @@ class ProcessExecutor:
                     fetch=cfg.spec,
                     worker_init_fn=cfg.worker_init_fn,
                     parent_pid=os.getpid() if method != "forkserver" else None,
-                    close_fds=self._main_fds() + channels.main_fds() + tuple(fd for fd in all_slot_fds if fd not in own_slots),
-                    slot_fds=own_slots,
+                    close_fds=self._main_fds() + channels.main_fds(),
+                    slot_fds=slot_fds,
                     stop_fd=self._stop_flag.fd if self._stop_flag is not None else None,
                 )
                 if method != "fork":
@@ -254,7 +253,7 @@ class ProcessExecutor:
         if not cfg.shared_memory:
             return None
         try:
-            return SlotPool(cfg.num_workers, cfg.prefetch_factor + SPARE_SLOTS_PER_WORKER)
+            return SlotPool(cfg.prefetch_factor * cfg.num_workers + SPARE_SLOTS)
         except OSError as exc:
             warnings.warn(
                 f"conveyor: shared memory (memfd_create) is unavailable here ({exc}); batches travel "
@@ -371,20 +370,12 @@ class ProcessExecutor:
                 if worker.active and not worker.exited:
                     self._cycle = itertools.count(turn + step + 1)
                     return worker
-        # Map-style: the least busy worker with a free slot; content does not depend on it.
-        slots = self._slots
-        return min(
-            active,
-            key=lambda w: (
-                slots is not None and not slots.has_free(w.id),
-                len(w.outstanding),
-                (w.id - turn) % len(self._workers),
-            ),
-        )
+        # Map-style: the least busy worker; content does not depend on it.
+        return min(active, key=lambda w: (len(w.outstanding), (w.id - turn) % len(self._workers)))
 
     def _assign(self, worker: _Worker, planned: PlannedBatch) -> Task:
         """Book a task for ``worker`` (a slot, its place in the queues)."""
-        slot = self._slots.lend(worker.id) if self._slots is not None else None
+        slot = self._slots.lend() if self._slots is not None else None
         restore = self._restore.pop(worker.id, None)
         worker.outstanding.append((self._epoch_id, planned.batch_index, slot))
         self._pending[planned.batch_index] = planned
@@ -395,12 +386,13 @@ class ProcessExecutor:
             _send(worker.channels.tasks, *tasks)
         except (BrokenPipeError, OSError):
             for task in tasks:  # it is dead: the sentinel tells how
-                self._give_back(worker, task.slot)
+                self._give_back(task.slot)
             self._on_worker_exit(worker)
 
-    def _give_back(self, worker: _Worker, slot: Optional[int]) -> None:
+    def _give_back(self, slot: Optional[int]) -> None:
+        """Return a slot that a message did not fill, or whose batch is dropped."""
         if self._slots is not None:
-            self._slots.give_back(worker.id, slot)
+            self._slots.give_back(slot)
 
     # ------------------------------------------------------------- collect
     def _wait(self, deadline: Optional[float]) -> None:
@@ -448,12 +440,12 @@ class ProcessExecutor:
             return
         slot = worker.outstanding.popleft()[2] if worker.outstanding else None
         if message.epoch_id != self._epoch_id or message.batch_index not in self._pending:
-            self._give_back(worker, slot)
+            self._give_back(slot)
             return  # a result of an abandoned epoch
         if isinstance(message, Batch):
             message = dataclasses.replace(message, data=self._decode(worker, slot, message))
         else:
-            self._give_back(worker, slot)
+            self._give_back(slot)
         if isinstance(message, Exhausted):
             worker.active = False
             self._pending.pop(message.batch_index)
@@ -474,10 +466,10 @@ class ProcessExecutor:
                 stacklevel=5,
             )
         if slot is None or message.used == 0:
-            self._give_back(worker, slot)
+            self._give_back(slot)
             data = message.data
         else:
-            data = self._slots.decode(message.data, worker.id, slot, message.slot_size, message.used, torch_from_numpy)
+            data = self._slots.decode(message.data, slot, message.slot_size, message.used, torch_from_numpy)
         if self.config.spec.to_torch:
             from ..collate import to_torch
 

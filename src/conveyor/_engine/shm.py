@@ -41,10 +41,12 @@ _GROWTH_FACTOR = 1.5
 #: Batches smaller than this travel inside the header instead: mapping views
 #: and tracking their lifetime costs more than copying a few kilobytes.
 INLINE_MAX_BYTES = 32 * 1024
-#: Spare slots per worker beyond prefetch_factor: one for the batch the user
-#: holds, the rest for users who keep a few batches. Unused slots cost a file
-#: descriptor and no memory (they are never grown).
-SPARE_SLOTS_PER_WORKER = 3
+#: Slots beyond the prefetch_factor × num_workers in flight: one for the
+#: batch the user holds, the rest for users who keep a few batches. Unused
+#: slots cost a file descriptor and no memory (they are never grown).
+SPARE_SLOTS = 3
+#: Map slots with their pages in place (one call instead of a fault per page).
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 #: numpy dtype kinds that can live in shared memory.
 _PLAIN_KINDS = "biufcmM"
 
@@ -85,15 +87,20 @@ class Leaf:
 
 
 class SlotWriter:
-    """Worker side of one slot: a bump allocator over a growable memfd."""
+    """Worker side of one slot: a bump allocator over a growable memfd.
+
+    The slot is mapped for one task at a time (``begin`` .. ``end``), with
+    its pages populated in one call: a mapping kept between tasks would
+    count every slot twice in the job's resident memory (worker and main).
+    Populating costs the worker about a tenth of a millisecond per MB, paid
+    while the main process is busy with the previous batch.
+    """
 
     def __init__(self, fd: int):
         self.fd = fd
         self.size = os.fstat(fd).st_size
         self._map: Optional[mmap.mmap] = None
         self._current: tuple = ()
-        if self.size:
-            self._remap()
         self._offset = 0
         #: id() of each array handed out this task -> (array, offset): the fast path of offset_of.
         self._carved: dict[int, tuple] = {}
@@ -102,9 +109,21 @@ class SlotWriter:
         self.full: Optional[str] = None
 
     def begin(self) -> None:
-        """Start a batch: allocations begin at offset 0 again."""
+        """Start a batch: map the slot, allocations begin at offset 0 again."""
+        self.size = os.fstat(self.fd).st_size  # another worker may have grown it
         self._offset = 0
-        self._maps = [] if self._map is None else [self._current]
+        self._carved = {}
+        self._maps = []
+        if self.size:
+            self._remap()
+            self._maps.append(self._current)
+
+    def end(self) -> None:
+        """The batch has been sent: let go of the mapping (it is unmapped once
+        the last array on it is gone)."""
+        self._map = None
+        self._current = ()
+        self._maps = []
         self._carved = {}
 
     @property
@@ -124,7 +143,7 @@ class SlotWriter:
         self._maps.append(self._current)
 
     def _remap(self) -> None:
-        self._map = mmap.mmap(self.fd, self.size)
+        self._map = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED | _MAP_POPULATE)
         self._current = (_address(np.frombuffer(self._map, np.uint8)), self.size, self._map)
 
     def allocate(self, shape: tuple, dtype: Any) -> np.ndarray:
@@ -158,9 +177,7 @@ class SlotWriter:
         return None
 
     def close(self) -> None:
-        self._maps = []
-        self._carved = {}
-        self._map = None
+        self.end()
 
 
 class StopFlag:
@@ -288,51 +305,51 @@ def _small(data: Any) -> bool:
 
 
 class SlotPool:
-    """Main side: the slots of every worker, which are free, and views on them.
+    """Main side: every slot, which are free, and views on them.
 
-    Free slots are a stack per worker: the most recently freed slot (warm in
-    the caches, already grown) is lent first, so a steady loop touches only
-    ``prefetch_factor + 1`` slots per worker.
+    One pool serves all workers (any worker may write any free slot), so the
+    slots in use at once are those in flight plus those the user holds, not
+    a reserve per worker. Free slots are a stack: the most recently freed
+    (already grown, warm in the caches) is lent first, so a steady loop
+    touches only ``prefetch_factor × num_workers + 1`` of them.
     """
 
-    def __init__(self, num_workers: int, slots_per_worker: int):
-        self.slots_per_worker = slots_per_worker
-        self.fds: list[list[int]] = [create_slot_fds(slots_per_worker) for _ in range(num_workers)]
-        self._free: list[list[int]] = [list(range(slots_per_worker - 1, -1, -1)) for _ in range(num_workers)]
-        self._maps: dict[tuple[int, int], mmap.mmap] = {}
+    def __init__(self, num_slots: int):
+        self.fds: list[int] = create_slot_fds(num_slots)
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        self._maps: dict[int, mmap.mmap] = {}
         self._lock = threading.Lock()
         self.closed = False
 
-    def has_free(self, worker: int) -> bool:
-        return bool(self._free[worker])
+    def has_free(self) -> bool:
+        return bool(self._free)
 
-    def lend(self, worker: int) -> Optional[int]:
-        """A free slot of ``worker`` for its next task, or None."""
+    def lend(self) -> Optional[int]:
+        """A free slot for the next task, or None."""
         with self._lock:
-            return self._free[worker].pop() if self._free[worker] else None
+            return self._free.pop() if self._free else None
 
-    def give_back(self, worker: int, slot: Optional[int]) -> None:
+    def give_back(self, slot: Optional[int]) -> None:
         """Mark a slot free (its batch was dropped, or never used it)."""
         if slot is None:
             return
         with self._lock:
             if not self.closed:
-                self._free[worker].append(slot)
+                self._free.append(slot)
 
-    def _mapping(self, worker: int, slot: int, size: int) -> mmap.mmap:
-        key = (worker, slot)
-        current = self._maps.get(key)
+    def _mapping(self, slot: int, size: int) -> mmap.mmap:
+        current = self._maps.get(slot)
         if current is None or len(current) < size:
             # A smaller old mapping stays alive as long as arrays use it.
-            current = mmap.mmap(self.fds[worker][slot], size)
-            self._maps[key] = current
+            current = mmap.mmap(self.fds[slot], size)
+            self._maps[slot] = current
         return current
 
-    def decode(self, data: Any, worker: int, slot: int, slot_size: int, used: int, to_torch: Callable[[np.ndarray], Any]) -> Any:
+    def decode(self, data: Any, slot: int, slot_size: int, used: int, to_torch: Callable[[np.ndarray], Any]) -> Any:
         """Views on the slot in place of each :class:`Leaf`; the slot is free
         again once every view (and tensor on one) is gone."""
-        slab = np.frombuffer(self._mapping(worker, slot, slot_size), np.uint8, count=used)
-        weakref.finalize(slab, self.give_back, worker, slot)
+        slab = np.frombuffer(self._mapping(slot, slot_size), np.uint8, count=used)
+        weakref.finalize(slab, self.give_back, slot)
 
         def leaf(value: Any) -> Any:
             if not isinstance(value, Leaf):
@@ -348,13 +365,12 @@ class SlotPool:
         """Close every descriptor. Mappings that batches still use stay valid."""
         with self._lock:
             self.closed = True
-        for fds in self.fds:
-            for fd in fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self.fds = [[] for _ in self.fds]
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
         self._maps.clear()
 
 

@@ -208,6 +208,8 @@ def run_worker(config: WorkerConfig, task_conn, result_conn) -> None:
             message = dataclasses.replace(message, note=writer.full)
         outbox.append(_result_bytes(message, task))
         message = None  # let the batch go before the next task
+        if writer is not None:
+            writer.end()
         # Quick batches with more tasks already queued travel together: one
         # write and one wake-up of the main process for several.
         quick = time.perf_counter() - started < _BATCHING_MAX_TASK_S
