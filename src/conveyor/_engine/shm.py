@@ -45,6 +45,9 @@ INLINE_MAX_BYTES = 32 * 1024
 #: batch the user holds, the rest for users who keep a few batches. Unused
 #: slots cost a file descriptor and no memory (they are never grown).
 SPARE_SLOTS = 3
+#: A worker keeps slots up to this size mapped between tasks; bigger ones
+#: are mapped per task, so that they count once in the job's resident memory.
+_KEEP_MAPPED_MAX_BYTES = 1 << 20
 #: Map slots with their pages in place (one call instead of a fault per page).
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 #: numpy dtype kinds that can live in shared memory.
@@ -89,11 +92,12 @@ class Leaf:
 class SlotWriter:
     """Worker side of one slot: a bump allocator over a growable memfd.
 
-    The slot is mapped for one task at a time (``begin`` .. ``end``), with
+    A big slot is mapped for one task at a time (``begin`` .. ``end``), with
     its pages populated in one call: a mapping kept between tasks would
     count every slot twice in the job's resident memory (worker and main).
     Populating costs the worker about a tenth of a millisecond per MB, paid
-    while the main process is busy with the previous batch.
+    while the main process is busy with the previous batch. Small slots
+    stay mapped.
     """
 
     def __init__(self, fd: int):
@@ -110,21 +114,27 @@ class SlotWriter:
 
     def begin(self) -> None:
         """Start a batch: map the slot, allocations begin at offset 0 again."""
-        self.size = os.fstat(self.fd).st_size  # another worker may have grown it
+        size = os.fstat(self.fd).st_size  # another worker may have grown it
         self._offset = 0
         self._carved = {}
         self._maps = []
-        if self.size:
-            self._remap()
+        if size != self.size or self._map is None:
+            self.size = size
+            self._map = None
+            if size:
+                self._remap()
+        if self._map is not None:
             self._maps.append(self._current)
 
     def end(self) -> None:
-        """The batch has been sent: let go of the mapping (it is unmapped once
-        the last array on it is gone)."""
-        self._map = None
-        self._current = ()
+        """The batch has been sent: let go of a big slot's mapping (it is
+        unmapped once the last array on it is gone); small ones stay mapped,
+        since mapping again would cost more than they weigh."""
         self._maps = []
         self._carved = {}
+        if self.size > _KEEP_MAPPED_MAX_BYTES:
+            self._map = None
+            self._current = ()
 
     @property
     def used(self) -> int:
