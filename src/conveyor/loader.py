@@ -512,7 +512,6 @@ class _LoaderIterator:
     ):
         self._loader = loader
         self._executor = executor
-        self._owned = owned
         self.epoch = progress.epoch
         self.base_seed = progress.base_seed
         self._progress = progress

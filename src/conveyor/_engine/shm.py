@@ -331,9 +331,6 @@ class SlotPool:
         self._lock = threading.Lock()
         self.closed = False
 
-    def has_free(self) -> bool:
-        return bool(self._free)
-
     def lend(self) -> Optional[int]:
         """A free slot for the next task, or None."""
         with self._lock:
