@@ -27,7 +27,6 @@ import math
 import mmap
 import os
 import sys
-import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -328,21 +327,18 @@ class SlotPool:
         self.fds: list[int] = create_slot_fds(num_slots)
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._maps: dict[int, mmap.mmap] = {}
-        self._lock = threading.Lock()
         self.closed = False
 
     def lend(self) -> Optional[int]:
-        """A free slot for the next task, or None."""
-        with self._lock:
-            return self._free.pop() if self._free else None
+        """A free slot for the next task, or None. Only the thread that runs
+        the executor lends; list.pop and list.append are atomic, so the
+        finalizers that give slots back (from any thread) need no lock."""
+        return self._free.pop() if self._free else None
 
     def give_back(self, slot: Optional[int]) -> None:
         """Mark a slot free (its batch was dropped, or never used it)."""
-        if slot is None:
-            return
-        with self._lock:
-            if not self.closed:
-                self._free.append(slot)
+        if slot is not None and not self.closed:
+            self._free.append(slot)
 
     def _mapping(self, slot: int, size: int) -> mmap.mmap:
         current = self._maps.get(slot)
@@ -370,8 +366,7 @@ class SlotPool:
 
     def close(self) -> None:
         """Close every descriptor. Mappings that batches still use stay valid."""
-        with self._lock:
-            self.closed = True
+        self.closed = True
         for fd in self.fds:
             try:
                 os.close(fd)
