@@ -866,3 +866,20 @@ def test_a_loader_with_a_saved_position_still_pickles():
     del it
     copy = pickle.loads(pickle.dumps(loader))
     assert copy.state_dict() == loader.state_dict()
+
+
+def test_set_epoch_after_loading_another_epoch_warns_once():
+    loader = DataLoader(list(range(20)), batch_size=4, shuffle=True, seed=1)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    resumed = DataLoader(list(range(20)), batch_size=4, shuffle=True, seed=1)
+    resumed.load_state_dict(state)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed.set_epoch(3)
+    assert len([w for w in caught if "drops the resume point" in str(w.message)]) == 1, [str(w.message) for w in caught]
+    fresh = DataLoader(list(range(20)), batch_size=4, shuffle=True, seed=1)
+    fresh.set_epoch(3)
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in fresh]

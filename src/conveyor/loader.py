@@ -365,11 +365,15 @@ class DataLoader(Generic[T_co]):
         """
         if not _is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        _state.drop_resume_for_epoch(self, epoch)
+        dropped = _state.drop_resume_for_epoch(self, epoch)
         self._epoch = int(epoch)
-        for s in (self.sampler, self.batch_sampler):
-            if hasattr(s, "set_epoch"):
-                s.set_epoch(epoch)
+        # The index sampler (a BatchSampler passes it on to its sampler).
+        target = self.batch_sampler if hasattr(self.batch_sampler, "set_epoch") else self.sampler
+        if hasattr(target, "set_epoch"):
+            with warnings.catch_warnings():
+                if dropped:
+                    warnings.simplefilter("ignore")  # the loader has said it once
+                target.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, as a small versioned dict of plain values.

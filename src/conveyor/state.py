@@ -547,8 +547,9 @@ def restore_iterator(fetcher: Any, state: Mapping[str, Any]) -> None:
     fetcher.served = int(state["iterator_served"])
 
 
-def drop_resume_for_epoch(loader: Any, epoch: int) -> None:
-    """``set_epoch(epoch)`` keeps a loaded resume point of that epoch and drops any other, with a warning."""
+def drop_resume_for_epoch(loader: Any, epoch: int) -> bool:
+    """``set_epoch(epoch)`` keeps a loaded resume point of that epoch and drops
+    any other, with a warning; True when it dropped one."""
     resume = loader._resume
     if resume is not None and resume.epoch != epoch:
         warnings.warn(
@@ -558,3 +559,5 @@ def drop_resume_for_epoch(loader: Any, epoch: int) -> None:
             stacklevel=3,
         )
         loader._resume = None
+        return True
+    return False
