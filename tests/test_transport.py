@@ -305,3 +305,27 @@ def test_a_shape_change_part_way_gives_the_in_process_error():
     expected_head = str(in_process.value).splitlines()[0]
     assert expected_head.startswith("stack expects each tensor to be equal size")
     assert expected_head in str(in_worker.value)
+
+
+def test_tensors_of_dtypes_numpy_lacks_travel_through_shared_memory():
+    class Half(Images):
+        def __getitem__(self, i):
+            return torch.full((3, 64, 64), float(i), dtype=torch.bfloat16)
+
+    loader = ct.DataLoader(Half(64 * 2), batch_size=64, num_workers=2)
+    for b, batch in enumerate(loader):
+        assert batch.dtype == torch.bfloat16 and batch.shape == (64, 3, 64, 64)
+        assert torch.equal(batch[:, 0, 0, 0], torch.arange(64 * b, 64 * b + 64).to(torch.bfloat16))
+        assert _shares_a_slot(batch), "the batch is a view on a shared-memory slot, not a pickled copy"
+
+
+def _shares_a_slot(tensor):
+    """Whether the tensor's memory lies in one of this process's memfd mappings."""
+    start = tensor.untyped_storage().data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "conveyor-slot" in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= start < hi:
+                    return True
+    return False

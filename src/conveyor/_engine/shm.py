@@ -86,6 +86,9 @@ class Leaf:
     shape: tuple
     dtype: str
     torch: bool  # hand it out as a torch tensor
+    #: A torch dtype numpy lacks (bfloat16, ...): the bytes travel as an
+    #: integer array of the same width and are viewed back as this dtype.
+    torch_view: Optional[str] = None
 
 
 class SlotWriter:
@@ -248,19 +251,30 @@ def _map_tree(data: Any, leaf: Callable[[Any], Any]) -> Any:
     return leaf(data)
 
 
-def _tensor_as_numpy(value: Any) -> Optional[np.ndarray]:
-    """A numpy view of a plain CPU tensor, or None if it cannot be one."""
+_SAME_WIDTH_INTS = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _tensor_as_numpy(value: Any) -> tuple[Optional[np.ndarray], Optional[str]]:
+    """A numpy view of a plain CPU tensor and, for a dtype numpy lacks, the
+    torch dtype to view it back as; (None, None) if it cannot be one."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(value, torch.Tensor):
-        return None
+        return None, None
     if value.device.type != "cpu" or value.layout != torch.strided or value.requires_grad:
-        return None
+        return None, None
     if value.is_conj() or value.is_neg() or type(value) is not torch.Tensor:
-        return None
+        return None, None
     try:
-        return value.numpy()
+        return value.numpy(), None
     except (TypeError, RuntimeError):  # bfloat16 and friends have no numpy dtype
-        return None
+        pass
+    carrier = _SAME_WIDTH_INTS.get(value.element_size())
+    if carrier is None or value.dtype.is_complex:
+        return None, None
+    try:
+        return value.view(getattr(torch, carrier)).numpy(), str(value.dtype).removeprefix("torch.")
+    except (TypeError, RuntimeError):
+        return None, None
 
 
 def encode(data: Any, writer: SlotWriter) -> tuple[Any, int]:
@@ -272,10 +286,10 @@ def encode(data: Any, writer: SlotWriter) -> tuple[Any, int]:
     """
 
     def leaf(value: Any) -> Any:
-        is_torch = False
+        is_torch, view = False, None
         array = value if isinstance(value, np.ndarray) else None
         if array is None:
-            array = _tensor_as_numpy(value)
+            array, view = _tensor_as_numpy(value)
             is_torch = array is not None
         if array is None or array.dtype.kind not in _PLAIN_KINDS or array.dtype.hasobject:
             return value
@@ -286,7 +300,7 @@ def encode(data: Any, writer: SlotWriter) -> tuple[Any, int]:
             if offset is None:  # the slot is full: this one travels inline
                 return value
             np.copyto(target, array, casting="unsafe")
-        return Leaf(offset, array.shape, array.dtype.newbyteorder("=").str, is_torch)
+        return Leaf(offset, array.shape, array.dtype.newbyteorder("=").str, is_torch, view)
 
     if writer.used < INLINE_MAX_BYTES and _small(data):
         return data, 0
@@ -348,7 +362,7 @@ class SlotPool:
             self._maps[slot] = current
         return current
 
-    def decode(self, data: Any, slot: int, slot_size: int, used: int, to_torch: Callable[[np.ndarray], Any]) -> Any:
+    def decode(self, data: Any, slot: int, slot_size: int, used: int, to_torch: Callable[[np.ndarray, Optional[str]], Any]) -> Any:
         """Views on the slot in place of each :class:`Leaf`; the slot is free
         again once every view (and tensor on one) is gone."""
         slab = np.frombuffer(self._mapping(slot, slot_size), np.uint8, count=used)
@@ -360,7 +374,7 @@ class SlotPool:
             dtype = np.dtype(value.dtype)
             count = math.prod(value.shape)
             array = slab[value.offset : value.offset + count * dtype.itemsize].view(dtype).reshape(value.shape)
-            return to_torch(array) if value.torch else array
+            return to_torch(array, value.torch_view) if value.torch else array
 
         return _map_tree(data, leaf)
 
@@ -376,8 +390,10 @@ class SlotPool:
         self._maps.clear()
 
 
-def torch_from_numpy(array: np.ndarray) -> Any:
-    """Zero-copy tensor on a view (imports torch: the batch held tensors)."""
+def torch_from_numpy(array: np.ndarray, view: Optional[str] = None) -> Any:
+    """Zero-copy tensor on a view, viewed as torch dtype ``view`` when given
+    (imports torch: the batch held tensors)."""
     import torch
 
-    return torch.from_numpy(array)
+    tensor = torch.from_numpy(array)
+    return tensor if view is None else tensor.view(getattr(torch, view))
