@@ -666,7 +666,7 @@ def _close_iteration(pin_thread: Optional[PinThread], executor: Any, progress: _
     stop the workers when this pass owns them, and let the loader load a state."""
     progress.iterating = False
     if pin_thread is not None:
-        pin_thread._stop.set()
+        pin_thread.request_stop()
     if executor is not None:
         executor.shutdown()
     if pin_thread is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import sys
 import traceback
 from typing import Any, Optional
 
@@ -38,7 +39,7 @@ class WorkerDiedError(RuntimeError):
 
 def capture_failure(worker_id: Optional[int], where: str) -> Failure:
     """Describe the exception being handled, for sending to the main process."""
-    exc_type, exc, tb = __import__("sys").exc_info()
+    exc_type, exc, tb = sys.exc_info()
     text = "".join(traceback.format_exception(exc_type, exc, tb))
     carried = carried_type = None
     try:
@@ -55,7 +56,6 @@ def capture_failure(worker_id: Optional[int], where: str) -> Failure:
         pid=os.getpid(),
         where=where,
         exc_type_name=exc_type.__name__,
-        exc_module=exc_type.__module__,
         traceback_text=text,
         exception=carried,
         exception_type=carried_type,

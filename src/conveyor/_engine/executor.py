@@ -164,8 +164,6 @@ class ProcessConfig:
     timeout_s: float  # as the user gave it (torch's message repeats it verbatim)
     worker_init_fn: Optional[Callable[[int], None]]
     base_seed: int
-    #: Move arrays through shared-memory slots (else pickled through pipes).
-    shared_memory: bool = True
 
 
 class ProcessExecutor:
@@ -250,8 +248,6 @@ class ProcessExecutor:
 
     def _make_slots(self) -> Optional[SlotPool]:
         cfg = self.config
-        if not cfg.shared_memory:
-            return None
         try:
             return SlotPool(cfg.prefetch_factor * cfg.num_workers + SPARE_SLOTS)
         except OSError as exc:

@@ -91,7 +91,6 @@ class Failure:
     pid: int
     where: str
     exc_type_name: str
-    exc_module: str
     traceback_text: str
     exception: Any = None
     #: The exception's class, when the instance could not travel but its

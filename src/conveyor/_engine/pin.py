@@ -10,10 +10,11 @@ never waits forever on a thread that died.
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from .tree import map_leaves
 
 #: How often the main thread checks that the pin thread is alive while it waits.
 _POLL_S = 0.1
@@ -28,23 +29,14 @@ class _Item:
 
 
 def pin_tree(data: Any) -> Any:
-    """Copy every torch tensor of a batch into pinned memory; keep structure."""
-    torch = sys.modules["torch"]
-    if isinstance(data, torch.Tensor):
-        return data.pin_memory()
-    if isinstance(data, dict):
-        pinned = {k: pin_tree(v) for k, v in data.items()}
-        try:
-            return type(data)(pinned)
-        except TypeError:
-            return pinned
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(pin_tree(v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(pin_tree(v) for v in data)
-    if hasattr(data, "pin_memory"):
-        return data.pin_memory()
-    return data
+    """Copy every torch tensor of a batch (and anything with ``pin_memory``)
+    into pinned memory; keep the structure."""
+    return map_leaves(data, _pin_leaf)
+
+
+def _pin_leaf(value: Any) -> Any:
+    pin = getattr(value, "pin_memory", None)
+    return pin() if callable(pin) else value
 
 
 class PinThread:
@@ -98,8 +90,12 @@ class PinThread:
                 raise StopIteration
             raise item.value
 
+    def request_stop(self) -> None:
+        """Ask the thread to stop after the batch in hand (does not wait)."""
+        self._stop.set()
+
     def close(self) -> None:
-        """Stop the thread after the batch in hand; safe to call twice."""
+        """Stop the thread after the batch in hand and wait for it; safe to call twice."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(_JOIN_TIMEOUT_S)

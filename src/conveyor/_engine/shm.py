@@ -21,8 +21,6 @@ Ownership rule:
 
 from __future__ import annotations
 
-import collections.abc
-import copy
 import math
 import mmap
 import os
@@ -32,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
+
+from .tree import map_leaves
 
 #: Arrays start at multiples of this (cache lines, and what SIMD loads like).
 _ALIGN_BYTES = 64
@@ -221,36 +221,7 @@ class StopFlag:
 # ----------------------------------------------------------------- encoding
 
 
-def _rebuild(template: Any, values: Any) -> Any:
-    """A container like ``template`` holding ``values`` (a dict or a list)."""
-    if isinstance(template, dict):
-        if type(template) is dict:
-            return values
-        clone = copy.copy(template)
-        clone.clear()
-        clone.update(values)
-        return clone
-    if isinstance(template, tuple) and hasattr(template, "_fields"):
-        return type(template)(*values)
-    if type(template) in (list, tuple):
-        return type(template)(values)
-    return None
-
-
-def _map_tree(data: Any, leaf: Callable[[Any], Any]) -> Any:
-    """Apply ``leaf`` to every non-container of ``data``, rebuilding dicts,
-    lists, tuples and namedtuples; other containers are leaves."""
-    if isinstance(data, dict):
-        rebuilt = _rebuild(data, {k: _map_tree(v, leaf) for k, v in data.items()})
-        if rebuilt is not None:
-            return rebuilt
-    elif isinstance(data, (list, tuple)):
-        rebuilt = _rebuild(data, [_map_tree(v, leaf) for v in data])
-        if rebuilt is not None:
-            return rebuilt
-    return leaf(data)
-
-
+#: Carriers for torch dtypes numpy lacks: an integer of the same width.
 _SAME_WIDTH_INTS = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 
 
@@ -304,7 +275,7 @@ def encode(data: Any, writer: SlotWriter) -> tuple[Any, int]:
 
     if writer.used < INLINE_MAX_BYTES and _small(data):
         return data, 0
-    encoded = _map_tree(data, leaf)
+    encoded = map_leaves(data, leaf)
     return encoded, writer.used
 
 
@@ -320,7 +291,7 @@ def _small(data: Any) -> bool:
             total += nbytes
         return value
 
-    _map_tree(data, leaf)
+    map_leaves(data, leaf)
     return total < INLINE_MAX_BYTES
 
 
@@ -376,7 +347,7 @@ class SlotPool:
             array = slab[value.offset : value.offset + count * dtype.itemsize].view(dtype).reshape(value.shape)
             return to_torch(array, value.torch_view) if value.torch else array
 
-        return _map_tree(data, leaf)
+        return map_leaves(data, leaf)
 
     def close(self) -> None:
         """Close every descriptor. Mappings that batches still use stay valid."""

@@ -1,0 +1,45 @@
+"""Mapping the leaves of a batch: the one walk the engine uses over batches
+(encoding into slots, decoding views, pinning).
+
+dicts (subclasses too, when they copy), lists, tuples and namedtuples are
+rebuilt with the same type; anything else is a leaf.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+
+def _rebuild(template: Any, values: Any) -> Any:
+    """A container like ``template`` holding ``values`` (a dict or a list);
+    None when its type cannot be rebuilt that way (it is then a leaf)."""
+    if type(template) is dict:
+        return values  # already a new dict
+    if type(template) in (list, tuple):
+        return type(template)(values)
+    try:
+        if isinstance(template, dict):
+            clone = copy.copy(template)
+            clone.clear()
+            clone.update(values)
+            return clone
+        if hasattr(template, "_fields"):
+            return type(template)(*values)
+        return type(template)(values)
+    except Exception:  # a subclass with another constructor
+        return None
+
+
+def map_leaves(data: Any, leaf: Callable[[Any], Any]) -> Any:
+    """Apply ``leaf`` to every non-container of ``data``, rebuilding dicts,
+    lists, tuples and namedtuples; other containers are leaves."""
+    if isinstance(data, dict):
+        rebuilt = _rebuild(data, {k: map_leaves(v, leaf) for k, v in data.items()})
+        if rebuilt is not None:
+            return rebuilt
+    elif isinstance(data, (list, tuple)):
+        rebuilt = _rebuild(data, [map_leaves(v, leaf) for v in data])
+        if rebuilt is not None:
+            return rebuilt
+    return leaf(data)
