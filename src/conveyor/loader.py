@@ -24,7 +24,6 @@ import os
 import sys
 import warnings
 import weakref
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, TypeVar
 
@@ -32,7 +31,7 @@ from . import collate as _collate
 from . import rng
 from . import sampler as _sampler
 from . import state as _state
-from ._engine.executor import InProcessExecutor, PlannedBatch, ProcessConfig, ProcessExecutor
+from ._engine.executor import Delivered, InProcessExecutor, PlannedBatch, ProcessConfig, ProcessExecutor
 from ._engine.fetch import FetchSpec, collate_route
 from ._engine.launch import START_METHODS, resolve_start_method
 from ._engine.pin import PinThread, pin_tree
@@ -72,10 +71,16 @@ def _check_iterable(value: Any, name: str) -> None:
 class DataLoader(Generic[T_co]):
     """Combines a dataset and a sampler, and iterates over batches.
 
-    Takes torch.utils.data.DataLoader's arguments with the same meaning, plus
-    ``seed``: a root seed from which every shuffle and every worker's random
-    generators derive, so that a run is reproducible and its batches are the
-    same for any ``num_workers``.
+    Takes torch.utils.data.DataLoader's arguments with the same meaning, plus:
+
+    * ``seed``: a root seed from which every shuffle and every worker's random
+      generators derive, so that a run is reproducible and its batches are the
+      same for any ``num_workers``.
+    * ``stall_warning``: seconds (default 300) without any batch arriving,
+      while the loop waits, after which a
+      :class:`~conveyor.StallWarning` names each busy worker, its batch and
+      its Python stack; iteration goes on. ``0`` turns it off. (``timeout``
+      still makes a late batch an error.)
 
     Example::
 
@@ -118,8 +123,10 @@ class DataLoader(Generic[T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         seed: Optional[int] = None,
+        stall_warning: float = 300.0,
     ) -> None:
         self._check_workers(num_workers, timeout, prefetch_factor, persistent_workers)
+        self._check_stall_warning(stall_warning)
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         iterable = self._check_dataset(dataset)
@@ -166,6 +173,7 @@ class DataLoader(Generic[T_co]):
         self.in_order = in_order
         self.generator = generator
         self.seed = seed
+        self.stall_warning = stall_warning
         self._iterable = iterable
 
         if sampler is None:
@@ -232,6 +240,15 @@ class DataLoader(Generic[T_co]):
                 "persistent_workers option needs num_workers > 0 (conveyor: set num_workers, or drop "
                 "persistent_workers=True)"
             )
+
+    @staticmethod
+    def _check_stall_warning(stall_warning: Any) -> None:
+        if not isinstance(stall_warning, numbers.Real) or isinstance(stall_warning, bool):
+            raise TypeError(
+                f"stall_warning must be a number of seconds, got {type(stall_warning).__name__} ({stall_warning!r})"
+            )
+        if stall_warning < 0:
+            raise ValueError("stall_warning option should be non-negative (conveyor: 0 turns the warning off)")
 
     @staticmethod
     def _check_dataset(dataset: Any) -> bool:
@@ -448,6 +465,7 @@ class DataLoader(Generic[T_co]):
                 timeout_s=self.timeout,
                 worker_init_fn=self.worker_init_fn,
                 base_seed=base_seed,
+                stall_warning_s=float(self.stall_warning),
             )
         )
         executor.start()
@@ -534,15 +552,14 @@ class _LoaderIterator:
         workers_resume = resume.worker_progress if resume is not None and not resume.refetch else None
         executor.begin_epoch(next(_pass_ids), plan, first, skip, workers_resume)
         if loader._iterable and not loader.num_workers:
-            progress.fetcher = executor._fetcher
+            progress.fetcher = executor.fetcher
             if resume is not None and not resume.refetch:
-                _state.restore_iterator(executor._fetcher, resume.state)
-        take = partial(_take, executor)
+                _state.restore_iterator(executor.fetcher, resume.state)
         # With workers, batches are pinned in a thread (as torch); in-process, inline.
         pinning = pin and loader.num_workers
-        self._pin_thread = PinThread(take, loader.prefetch_factor or 1, _pin_taken) if pinning else None
+        self._pin_thread = PinThread(executor.next_batch, loader.prefetch_factor or 1, _pin_delivered) if pinning else None
         self._pin_inline = pin and not loader.num_workers
-        self._next_batch = self._pin_thread.next_batch if self._pin_thread else take
+        self._next_batch = self._pin_thread.next_batch if self._pin_thread else executor.next_batch
         self._finalizer = weakref.finalize(
             self, _close_iteration, self._pin_thread, executor if owned else None, progress
         )
@@ -580,22 +597,22 @@ class _LoaderIterator:
     def __next__(self) -> Any:
         while True:
             try:
-                taken = self._next_batch()
+                delivered = self._next_batch()
             except StopIteration:
                 self._progress.finished = True
                 self._close()
                 raise
-            self._progress.delivered(taken.index)
-            if taken.worker_progress is not None:
-                self._progress.worker_progress = taken.worker_progress
-            if self._refetch is not None and self._refetch.already_delivered(taken.index):
+            self._progress.delivered(delivered.index)
+            if delivered.worker_progress is not None:
+                self._progress.worker_progress = delivered.worker_progress
+            if self._refetch is not None and self._refetch.already_delivered(delivered.index):
                 continue  # delivered before the resume: loaded again only to move the dataset on
-            if taken.error is not None:
-                raise taken.error
+            if delivered.error is not None:
+                raise delivered.error
             break
         self._num_yielded += 1
         self._check_length()
-        return pin_tree(taken.data) if self._pin_inline else taken.data
+        return pin_tree(delivered.data) if self._pin_inline else delivered.data
 
     def _check_length(self) -> None:
         expected = self._len_called
@@ -623,42 +640,8 @@ class _LoaderIterator:
 
 
 
-@dataclass(slots=True)
-class _Taken:
-    """A batch as the executor handed it out: its index, and its data or the
-    exception loading it raised (which still counts as delivered, as in torch)."""
-
-    index: int
-    data: Any = None
-    error: Optional[Exception] = None
-    #: Iterable datasets in workers: a copy of the executor's worker_progress
-    #: as of this batch, taken beside it (in the pin thread too).
-    worker_progress: Optional[dict] = None
-
-
-def _take(executor: Any) -> _Taken:
-    """The executor's next batch and its index. Runs where the executor is
-    called: inline, or in the pin thread (which must not hold the iterator)."""
-    try:
-        data = executor.next_batch()
-    except StopIteration:
-        raise
-    except Exception as error:
-        if executor.last_delivered is None:
-            raise  # the executor's own failure (a dead worker, a timeout), not a batch's
-        return _Taken(executor.last_delivered, error=error, worker_progress=_progress_copy(executor))
-    return _Taken(executor.last_delivered, data, worker_progress=_progress_copy(executor))
-
-
-def _progress_copy(executor: Any) -> Optional[dict]:
-    progress = executor.worker_progress
-    if progress is None:
-        return None
-    return {"states": list(progress["states"]), "retired": list(progress["retired"]), "next": progress["next"]}
-
-
-def _pin_taken(taken: _Taken) -> _Taken:
-    return taken if taken.error is not None else dataclasses.replace(taken, data=pin_tree(taken.data))
+def _pin_delivered(delivered: Delivered) -> Delivered:
+    return delivered if delivered.error is not None else dataclasses.replace(delivered, data=pin_tree(delivered.data))
 
 
 def _close_iteration(pin_thread: Optional[PinThread], executor: Any, progress: _state.EpochProgress) -> None:

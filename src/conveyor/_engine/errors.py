@@ -13,6 +13,8 @@ import sys
 import traceback
 from typing import Any, Optional
 
+import cloudpickle
+
 from .messages import Failure
 
 #: Reasons shown next to a signal that killed a worker.
@@ -34,32 +36,67 @@ _SIGNAL_HINTS = {
 
 
 class WorkerDiedError(RuntimeError):
-    """A worker process ended while it still had work (signal or exit code)."""
+    """A worker process ended while it still had work: killed by a signal,
+    an exit code, or ``SystemExit``/``KeyboardInterrupt`` raised in user code."""
+
+
+class TransportError(RuntimeError):
+    """A batch could not cross between the main process and a worker:
+    pickling its task, reading or unpickling its result, mapping its memory.
+    The original exception is the ``__cause__``."""
+
+
+def _safe(call: Any, fallback: str) -> str:
+    try:
+        return str(call())
+    except Exception:
+        return fallback
+
+
+def _pickled_if_it_travels(obj: Any) -> Optional[bytes]:
+    """``obj`` pickled, if it also unpickles here; else None. By reference
+    first; then by value with cloudpickle, which also gives back the user's
+    own class for one defined in ``__main__`` under spawn (cloudpickle
+    recognises the classes it sent to the worker)."""
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        try:
+            data = dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.loads(data)
+            return data
+        except BaseException:  # a __reduce__ may raise anything
+            continue
+    return None
 
 
 def capture_failure(worker_id: Optional[int], where: str) -> Failure:
-    """Describe the exception being handled, for sending to the main process."""
+    """Describe the exception being handled, for sending to the main process.
+    Never raises: whatever the exception does when printed or pickled, its
+    type name and traceback text get through."""
     exc_type, exc, tb = sys.exc_info()
-    text = "".join(traceback.format_exception(exc_type, exc, tb))
-    carried = carried_type = None
-    try:
-        pickle.loads(pickle.dumps(exc))
-        carried = exc
-    except Exception:  # the instance cannot cross a process boundary ...
-        try:
-            pickle.loads(pickle.dumps(exc_type))
-            carried_type = exc_type  # ... but its class can
-        except Exception:
-            pass
+    text = _safe(lambda: "".join(traceback.format_exception(exc_type, exc, tb)), "")
+    if not text:
+        text = f"Traceback unavailable (printing it failed)\n{exc_type.__qualname__}\n"
+    exception_bytes = _pickled_if_it_travels(exc)
     return Failure(
         worker_id=worker_id,
         pid=os.getpid(),
         where=where,
-        exc_type_name=exc_type.__name__,
+        exc_type_name=_safe(lambda: exc_type.__qualname__, "Exception"),
         traceback_text=text,
-        exception=carried,
-        exception_type=carried_type,
+        exception_bytes=exception_bytes,
+        type_bytes=None if exception_bytes is not None else _pickled_if_it_travels(exc_type),
     )
+
+
+def _loads(data: Optional[bytes]) -> Any:
+    """Unpickle what the worker sent; None if this process cannot (a class
+    it cannot import, a constructor that raises)."""
+    if data is None:
+        return None
+    try:
+        return pickle.loads(data)
+    except BaseException:
+        return None
 
 
 class _KeyErrorMessage(str):
@@ -69,11 +106,12 @@ class _KeyErrorMessage(str):
         return str(self)
 
 
-def _exception_type(failure: Failure) -> type:
-    if failure.exception is not None:
-        return type(failure.exception)
-    if failure.exception_type is not None:
-        return failure.exception_type
+def _exception_type(failure: Failure, original: Any) -> type:
+    if isinstance(original, BaseException):
+        return type(original)
+    carried = _loads(failure.type_bytes)
+    if isinstance(carried, type) and issubclass(carried, BaseException):
+        return carried
     import builtins
 
     found = getattr(builtins, failure.exc_type_name, None)
@@ -82,38 +120,41 @@ def _exception_type(failure: Failure) -> type:
     return RuntimeError
 
 
+def _instantiate(exc_type: type, msg: str) -> BaseException:
+    """``exc_type(msg)`` if that keeps the message as it is; else a RuntimeError."""
+    if exc_type is KeyError:
+        return KeyError(_KeyErrorMessage(msg))
+    try:
+        err = exc_type(msg)
+        if str(err) == msg:
+            return err
+    except Exception:  # other required arguments, a __str__ that raises, ...
+        pass
+    return RuntimeError(msg)
+
+
 def rebuild_exception(failure: Failure, context: str = "") -> BaseException:
     """An exception of the original type whose message starts like torch's
     (``Caught KeyError in DataLoader worker process 0.``), then conveyor's
     ``context`` and the worker's traceback.
 
     The original exception object, when it crossed the pipe, is chained as
-    ``__cause__`` and kept on ``.original``.
+    ``__cause__`` and kept on ``.original``. Never raises: when the type
+    cannot be rebuilt with that message, it is a RuntimeError that names it.
     """
-    where = failure.where
-    head = f"Caught {failure.exc_type_name} {where}."
+    head = f"Caught {failure.exc_type_name} {failure.where}."
     if context:
         head += f" {context}"
     msg = f"{head}\nOriginal {failure.traceback_text}"
-    exc_type = _exception_type(failure)
-    if exc_type is KeyError:
-        msg = _KeyErrorMessage(msg)
-    try:
-        err = exc_type(msg)
-    except Exception:
-        err = RuntimeError(msg)
-    if str(err) != str(msg) and exc_type is not KeyError:
-        # The type's constructor rewrote the message (extra required
-        # arguments, custom __str__): fall back to a plain RuntimeError.
-        err = RuntimeError(msg)
-    try:
-        err.original = failure.exception
-        err.worker_id = failure.worker_id
-        err.worker_pid = failure.pid
-    except AttributeError:  # exception types with __slots__
-        pass
-    if failure.exception is not None:
-        err.__cause__ = failure.exception
+    original = _loads(failure.exception_bytes)
+    err = _instantiate(_exception_type(failure, original), msg)
+    for name, value in (("original", original), ("worker_id", failure.worker_id), ("worker_pid", failure.pid)):
+        try:
+            setattr(err, name, value)
+        except Exception:  # exception types with __slots__ or a strict __setattr__
+            pass
+    if isinstance(original, BaseException):
+        err.__cause__ = original
     return err
 
 
@@ -134,10 +175,10 @@ def describe_exit(pid: int, exitcode: Optional[int]) -> str:
 
 def describe_indices(indices: Any, limit: int = 16) -> str:
     """A short rendering of a batch's sample indices."""
-    if indices is None:
+    if indices is None or (isinstance(indices, (list, tuple)) and all(i is None for i in indices)):
         return "its next samples (iterable dataset)"
     if isinstance(indices, (list, tuple)):
-        shown = ", ".join(str(i) for i in indices[:limit])
+        shown = ", ".join(_safe(lambda i=i: i, "?") for i in indices[:limit])
         more = f", ... ({len(indices)} in all)" if len(indices) > limit else ""
         return f"sample indices [{shown}{more}]"
     return f"sample index {indices}"

@@ -1,54 +1,57 @@
 """Executors: who runs fetch + collate for each planned batch.
 
-    loader iterator ──begin_epoch(tasks)──▶ Executor ──next_batch()──▶ batch
+    loader iterator ──begin_epoch(plan)──▶ Executor ──next_batch()──▶ Delivered(index, data | error, progress)
                                              │
       InProcessExecutor: loads each batch in the calling thread (num_workers=0)
-      ProcessExecutor:   dispatch ──Tasks (slot k)──▶ worker 0..N-1 ──Batch headers──▶ collect
-                         ──▶ views on slot k (SlotPool.decode) ──▶ reorder ──▶ batch
+      ProcessExecutor:   dispatch ──Tasks (slot k)──▶ workers (pool.py) ──results──▶ collect
+                         ──▶ views on slot k (SlotPool.decode) ──▶ ReorderBuffer ──▶ Delivered
 
 Actors of the ProcessExecutor:
-  * dispatch: keeps ``prefetch_factor × num_workers`` tasks in flight, each
-    with a free shared-memory slot of its worker; a round's tasks for one
-    worker travel in one write.
-  * collect: one ``poll`` over every result pipe AND every worker's sentinel,
-    so a dead worker is noticed the moment it dies; nothing is delivered
-    before every worker said Ready (a failing ``worker_init_fn`` comes first).
+  * dispatch: keeps ``prefetch_factor × num_workers`` batches between plan
+    and delivery, each task with a free shared-memory slot; a round's tasks
+    for one worker travel in one frame. Writes never wait (wire.py): what a
+    full pipe does not take is written when ``poll`` says there is room.
+  * collect: one ``poll`` over every result pipe, every worker's sentinel
+    and the task pipes with bytes waiting, so a dead worker is noticed the
+    moment it dies; nothing is delivered before every worker said Ready (a
+    failing ``worker_init_fn`` comes first).
   * reorder: in plan order (``in_order=True``) or as batches arrive.
+  * watch: the stall watchdog warns when nothing has arrived for a while;
+    ``timeout`` makes a late batch an error naming it.
   * one failure path (``_fail``) and one idempotent shutdown (``shutdown``).
 
-Both executors take the same tasks (batch index, sample indices, seed) and
-give the same batches, whatever the number of workers.
+A failure of one batch (the user's exception, a conversion to tensors) is
+that batch's ``Delivered.error`` and the pool carries on, as in torch;
+anything that breaks the pool (a dead worker, a message that cannot cross)
+stops every worker and is raised by every later ``next_batch``.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import enum
 import itertools
-import math
 import os
-import select
+import pickle
 import time
 import warnings
-from collections import deque
-from dataclasses import dataclass, field
-from multiprocessing.connection import wait as wait_ready
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
-from .errors import WorkerDiedError, describe_exit, describe_indices, rebuild_exception
+from .errors import TransportError, WorkerDiedError, describe_exit, describe_indices, rebuild_exception
 from .fetch import EndOfData, FetchSpec, fetch_in_main, make_fetcher
-from .launch import Channels, WorkerProcess, deliver_config, pickle_config, start_worker
-from .messages import Batch, Exhausted, InitFailed, Ready, Stop, Task, TaskFailed
+from .messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
 from .pickling import check_picklable
+from .pool import REAP_TIMEOUT_S, Event, Poller, Sent, WorkerHandle, start_workers, stop_workers
+from .progress import IterableProgress
+from .reorder import ReorderBuffer
 from .shm import SPARE_SLOTS, SlotPool, StopFlag, torch_from_numpy
-from .worker import WorkerConfig, _send, receive_all
+from .watchdog import BusyWorker, StallWarning, StallWatchdog
+from .worker import WorkerConfig, WorkerFds
 
-#: After Stop, how long workers get to finish and exit before they are killed.
-#: Short: workers hold nothing that needs a graceful end, and users wait on it.
-_STOP_GRACE_S = 0.5
-#: How long to wait for a killed worker to be reaped (the kernel is quick).
-_REAP_TIMEOUT_S = 2.0
+#: Exceptions raised by SystemExit / KeyboardInterrupt in user code: reported
+#: as the worker's end, never rebuilt and raised in the main process.
+_ENDING_TYPES = ("SystemExit", "KeyboardInterrupt")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,20 @@ class PlannedBatch:
     batch_index: int
     indices: Any
     seed: Optional[int]
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """One batch as the executor hands it out: its index in the epoch, and
+    its data or the exception loading it raised (which still counts as
+    delivered, as in torch). For an iterable dataset in workers,
+    ``worker_progress`` is where every worker's copy stood as of this batch
+    (a plain dict, see progress.py)."""
+
+    index: int
+    data: Any = None
+    error: Optional[BaseException] = None
+    worker_progress: Optional[dict] = None
 
 
 class Lifecycle(enum.Enum):
@@ -71,13 +88,10 @@ class InProcessExecutor:
     """Loads each batch in the caller's thread (``num_workers=0``)."""
 
     def __init__(self, spec: FetchSpec):
-        self._fetcher = make_fetcher(spec)
+        #: Loads batches; for an iterable dataset it also knows where the
+        #: iteration stands (the loader saves it in state_dict).
+        self.fetcher = make_fetcher(spec)
         self._tasks: Iterator[PlannedBatch] = iter(())
-        #: Batch index of the latest batch handed out (or raised); None when none was.
-        self.last_delivered: Optional[int] = None
-
-    #: Only workers' copies of an iterable dataset need this (see ProcessExecutor).
-    worker_progress = None
 
     def begin_epoch(
         self,
@@ -88,68 +102,24 @@ class InProcessExecutor:
         workers_resume: Optional[dict] = None,
     ) -> None:
         """Start a pass. Batches come in plan order here, so ``first_index``
-        and ``skip`` (see :meth:`ProcessExecutor.begin_epoch`) change nothing."""
+        and ``skip`` (see :meth:`ProcessExecutor.begin_epoch`) change nothing.
+        An iterable dataset's ``__iter__`` runs now, as in torch."""
         self._tasks = tasks
-        if self._fetcher.spec.iterable:
-            self._fetcher.restart()
+        if self.fetcher.spec.iterable:
+            self.fetcher.restart()
 
-    def next_batch(self) -> Any:
-        self.last_delivered = None
-        task = next(self._tasks)  # StopIteration ends the epoch
-        self.last_delivered = task.batch_index
+    def next_batch(self) -> Delivered:
+        """The next batch; StopIteration at the end of the epoch."""
+        task = next(self._tasks)
         try:
-            return fetch_in_main(self._fetcher, task.indices, task.seed)
+            return Delivered(task.batch_index, fetch_in_main(self.fetcher, task.indices, task.seed))
         except EndOfData:
             raise StopIteration from None
+        except Exception as error:
+            return Delivered(task.batch_index, error=error)
 
     def shutdown(self) -> None:
         self._tasks = iter(())
-
-
-@dataclass
-class _Worker:
-    id: int
-    process: WorkerProcess
-    channels: Channels
-    #: (epoch_id, batch_index, slot) of tasks sent and not yet answered, oldest first.
-    outstanding: deque = field(default_factory=deque)
-    #: False once its copy of an iterable dataset ran out this epoch.
-    active: bool = True
-    exited: bool = False
-
-
-class _Poller:
-    """One ``poll`` object over every live worker's result pipe and sentinel,
-    kept from wait to wait: building a selector per wait, as
-    ``multiprocessing.connection.wait`` does, costs more than a small batch."""
-
-    def __init__(self) -> None:
-        self._poll = select.poll()
-        self._by_fd: dict[int, tuple[_Worker, bool]] = {}
-
-    @property
-    def watched(self) -> bool:
-        return bool(self._by_fd)
-
-    def watch(self, worker: _Worker) -> None:
-        for fd, is_exit in ((worker.channels.results.fileno(), False), (_fileno(worker.process.sentinel), True)):
-            self._poll.register(fd, select.POLLIN)
-            self._by_fd[fd] = (worker, is_exit)
-
-    def forget(self, worker: _Worker) -> None:
-        for fd, (owner, _) in list(self._by_fd.items()):
-            if owner is worker:
-                self._poll.unregister(fd)
-                del self._by_fd[fd]
-
-    def wait(self, timeout_s: Optional[float]) -> list[tuple[_Worker, bool]]:
-        """(worker, whether it exited) for each ready descriptor; [] at the timeout."""
-        timeout_ms = None if timeout_s is None else max(0, math.ceil(timeout_s * 1000))
-        return [self._by_fd[fd] for fd, _ in self._poll.poll(timeout_ms) if fd in self._by_fd]
-
-
-def _fileno(handle: Any) -> int:
-    return handle if isinstance(handle, int) else handle.fileno()
 
 
 @dataclass(frozen=True)
@@ -164,6 +134,19 @@ class ProcessConfig:
     timeout_s: float  # as the user gave it (torch's message repeats it verbatim)
     worker_init_fn: Optional[Callable[[int], None]]
     base_seed: int
+    #: Warn when nothing has arrived for this long while waiting (0: never).
+    stall_warning_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class _Finished:
+    """A batch back from a worker, waiting for its turn."""
+
+    index: int
+    worker_id: int
+    data: Any = None
+    error: Optional[BaseException] = None
+    worker_state: Any = None
 
 
 class ProcessExecutor:
@@ -171,80 +154,74 @@ class ProcessExecutor:
 
     Keeps at most ``prefetch_factor × num_workers`` batches between dispatch
     and delivery; delivers in plan order (``in_order=True``) or as batches
-    complete. A failure in user code is raised at that batch's turn and the
-    pool carries on, as in torch; a dead worker breaks the pool, stops every
-    worker and keeps raising the same error.
+    complete. Belongs to the process that created it: a forked child of
+    that process can neither use it nor stop its workers.
     """
 
     def __init__(self, config: ProcessConfig):
         self.config = config
         self.state = Lifecycle.NEW
-        self._workers: list[_Worker] = []
+        self._owner_pid = os.getpid()
+        self._workers: list[WorkerHandle] = []
+        self._poller = Poller()
+        self._slots: Optional[SlotPool] = None
+        self._stop_flag: Optional[StopFlag] = None
         self._error: Optional[BaseException] = None
+        #: Workers that have not said Ready yet; nothing is delivered until none.
+        self._starting: set[int] = set()
+        self._watchdog = StallWatchdog(config.stall_warning_s)
+        self._noted = False
+        # The pass in progress (begin_epoch).
         self._epoch_id = -1
         self._tasks: Iterator[PlannedBatch] = iter(())
         self._plan_done = True
+        #: Batches sent to a worker and not answered yet.
         self._pending: dict[int, PlannedBatch] = {}
-        self._ready: dict[int, Any] = {}
-        self._skipped: set[int] = set()
-        self._arrivals: deque = deque()
-        self._next_to_deliver = 0
-        self._cycle = itertools.count()
-        #: Batch index of the latest batch handed out (or raised); None when none was.
-        self.last_delivered: Optional[int] = None
-        #: Iterable datasets: where each worker's copy stood after its last
-        #: delivered batch, which workers ran out, whose turn is next.
-        self.worker_progress: Optional[dict] = None
-        self._retired_at: dict[int, tuple] = {}
+        self._reorder = ReorderBuffer(config.in_order)
+        self._progress: Optional[IterableProgress] = None
         self._restore: dict[int, Any] = {}
-        self._slots: Optional[SlotPool] = None
-        self._stop_flag: Optional[StopFlag] = None
-        self._noted = False
-        #: Workers that have not said Ready yet; nothing is delivered until none.
-        self._starting: set[int] = set()
-        self._poller = _Poller()
+        self._cycle = itertools.count()
 
     # ----------------------------------------------------------------- start
     def start(self) -> None:
         """Check that what travels can be pickled, then start every worker."""
         cfg = self.config
-        method = cfg.start_method
-        payload_by_worker: list[Optional[bytes]] = [None] * cfg.num_workers
-        if method != "fork":
+        if cfg.start_method != "fork":
             check_picklable(
                 {"dataset": cfg.spec.dataset, "collate_fn": cfg.spec.collate_fn, "worker_init_fn": cfg.worker_init_fn},
-                method,
+                cfg.start_method,
             )
         self._slots = self._make_slots()
-        self._stop_flag = StopFlag() if self._slots is not None else None
-        slot_fds = tuple(self._slots.fds) if self._slots else ()
         try:
-            for wid in range(cfg.num_workers):
-                channels = Channels()
-                worker_config = WorkerConfig(
-                    worker_id=wid,
-                    num_workers=cfg.num_workers,
-                    seed=(cfg.base_seed + wid) & ((1 << 63) - 1),
-                    fetch=cfg.spec,
-                    worker_init_fn=cfg.worker_init_fn,
-                    parent_pid=os.getpid() if method != "forkserver" else None,
-                    close_fds=self._main_fds() + channels.main_fds(),
-                    slot_fds=slot_fds,
-                    stop_fd=self._stop_flag.fd if self._stop_flag is not None else None,
-                )
-                if method != "fork":
-                    payload_by_worker[wid] = pickle_config(worker_config)
-                process = start_worker(method, worker_config, payload_by_worker[wid], channels)
-                channels.close_worker_ends()
-                self._workers.append(_Worker(wid, process, channels))
-                self._poller.watch(self._workers[-1])
-                self._starting.add(wid)
-            for worker in self._workers:
-                deliver_config(method, worker.channels, payload_by_worker[worker.id])
+            self._stop_flag = StopFlag() if self._slots is not None else None
+            self._workers = start_workers(
+                cfg.start_method,
+                self._worker_config,
+                cfg.num_workers,
+                self._stop_flag.fd if self._stop_flag is not None else None,
+                tuple(self._slots.fds) if self._slots is not None else (),
+                with_stacks=self._slots is not None,
+            )
         except BaseException:
             self.shutdown()
             raise
+        for worker in self._workers:
+            self._poller.watch(worker)
+            self._starting.add(worker.id)
         self.state = Lifecycle.RUNNING
+
+    def _worker_config(self, wid: int, fds: WorkerFds, close_fds: tuple) -> WorkerConfig:
+        cfg = self.config
+        return WorkerConfig(
+            worker_id=wid,
+            num_workers=cfg.num_workers,
+            seed=(cfg.base_seed + wid) & ((1 << 63) - 1),
+            fetch=cfg.spec,
+            worker_init_fn=cfg.worker_init_fn,
+            parent_pid=self._owner_pid if cfg.start_method != "forkserver" else None,
+            close_fds=close_fds,
+            fds=fds,
+        )
 
     def _make_slots(self) -> Optional[SlotPool]:
         cfg = self.config
@@ -254,12 +231,9 @@ class ProcessExecutor:
             warnings.warn(
                 f"conveyor: shared memory (memfd_create) is unavailable here ({exc}); batches travel "
                 f"through pipes instead (same data, slower).",
-                stacklevel=4,
+                stacklevel=5,
             )
             return None
-
-    def _main_fds(self) -> tuple:
-        return tuple(fd for w in self._workers for fd in w.channels.main_fds())
 
     # ----------------------------------------------------------------- epoch
     def begin_epoch(
@@ -285,74 +259,72 @@ class ProcessExecutor:
         self._tasks = tasks
         self._plan_done = False
         self._pending.clear()
-        self._ready.clear()
-        self._skipped = set(skip)
-        self._arrivals.clear()
-        self._next_to_deliver = first_index
         self._cycle = itertools.count()  # round robin starts at worker 0, as torch's
         for worker in self._workers:
             worker.active = True
-        self._retired_at.clear()
+        self._progress = None
         self._restore = {}
-        self.worker_progress = None
         if self.config.spec.iterable:
-            count = len(self._workers)
-            self.worker_progress = {"states": [None] * count, "retired": [], "next": 0}
+            self._progress = IterableProgress(len(self._workers), workers_resume)
             if workers_resume is not None:
-                self._resume_workers(workers_resume)
+                self._cycle = itertools.count(self._progress.next_turn)
+                self._restore = self._progress.restore_points()
+                for wid in self._progress.retired:
+                    self._workers[wid].active = False
+        on_retired = self._progress.passed if self._progress is not None else None
+        self._reorder = ReorderBuffer(self.config.in_order, first_index, skip, on_retired)
 
-    def _resume_workers(self, saved: dict) -> None:
-        states, retired, turn = list(saved["states"]), list(saved["retired"]), int(saved["next"])
-        self.worker_progress = {"states": states, "retired": retired, "next": turn}
-        self._cycle = itertools.count(turn)
-        self._restore = {wid: state for wid, state in enumerate(states) if state is not None}
-        for wid in retired:
-            self._workers[wid].active = False
-
-    def next_batch(self) -> Any:
+    def next_batch(self) -> Delivered:
         """The next batch of this epoch; StopIteration at its end."""
-        self.last_delivered = None
+        self._check_owner()
         self._raise_if_unusable()
         deadline = time.monotonic() + self.config.timeout_s if self.config.timeout_s > 0 else None
+        self._watchdog.waiting()
         try:
             while True:
                 self._raise_if_unusable()  # shut down meanwhile (from another thread)
-                found, item = self._take_ready()
-                if found:
-                    self.last_delivered = item.batch_index
-                    return self._deliver(item)
+                if not self._starting:
+                    finished = self._reorder.take()
+                    if finished is not None:
+                        return self._delivered(finished)
                 self._dispatch()
-                if self._plan_done and not self._pending:
+                if self._plan_done and not self._pending and not len(self._reorder):
                     raise StopIteration
                 self._wait(deadline)
         except KeyboardInterrupt:
             self.shutdown()
             raise
 
+    def _delivered(self, finished: _Finished) -> Delivered:
+        progress = self._progress
+        if progress is None:
+            return Delivered(finished.index, finished.data, finished.error)
+        progress.delivered(finished.worker_id, finished.worker_state)
+        return Delivered(finished.index, finished.data, finished.error, progress.snapshot())
+
     # ------------------------------------------------------------- dispatch
-    def _in_flight(self) -> int:
-        return len(self._pending)
-
     def _dispatch(self) -> None:
-        """Fill the window; the tasks of one round go to each worker in one write."""
+        """Fill the window; the tasks of one round go to each worker in one frame."""
         limit = self.config.prefetch_factor * self.config.num_workers
-        batches: dict[int, list] = {}
-        while not self._plan_done and self._in_flight() < limit:
-            worker = self._choose_worker()
-            if worker is None:
-                if not any(w.active for w in self._workers):
+        batches: dict[int, list[Task]] = {}
+        try:
+            while not self._plan_done and len(self._pending) + len(self._reorder) < limit:
+                worker = self._choose_worker()
+                if worker is None:
+                    if not any(w.active for w in self._workers):
+                        self._plan_done = True
+                    break
+                try:
+                    planned = next(self._tasks)  # the user's sampler runs here
+                except StopIteration:
                     self._plan_done = True
-                break
-            try:
-                planned = next(self._tasks)
-            except StopIteration:
-                self._plan_done = True
-                break
-            batches.setdefault(worker.id, []).append(self._assign(worker, planned))
-        for wid, tasks in batches.items():
-            self._send_tasks(self._workers[wid], tasks)
+                    break
+                batches.setdefault(worker.id, []).append(self._assign(worker, planned))
+        finally:  # (also when the sampler raised: what was booked must be sent)
+            for wid, tasks in batches.items():
+                self._send_tasks(self._workers[wid], tasks)
 
-    def _choose_worker(self) -> Optional[_Worker]:
+    def _choose_worker(self) -> Optional[WorkerHandle]:
         active = [w for w in self._workers if w.active and not w.exited]
         if not active:
             return None
@@ -369,21 +341,28 @@ class ProcessExecutor:
         # Map-style: the least busy worker; content does not depend on it.
         return min(active, key=lambda w: (len(w.outstanding), (w.id - turn) % len(self._workers)))
 
-    def _assign(self, worker: _Worker, planned: PlannedBatch) -> Task:
+    def _assign(self, worker: WorkerHandle, planned: PlannedBatch) -> Task:
         """Book a task for ``worker`` (a slot, its place in the queues)."""
         slot = self._slots.lend() if self._slots is not None else None
-        restore = self._restore.pop(worker.id, None)
-        worker.outstanding.append((self._epoch_id, planned.batch_index, slot))
+        if not worker.outstanding:
+            worker.busy_since = time.monotonic()
+        worker.outstanding.append(Sent(self._epoch_id, planned.batch_index, slot))
         self._pending[planned.batch_index] = planned
+        restore = self._restore.pop(worker.id, None)
         return Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices, slot, restore)
 
-    def _send_tasks(self, worker: _Worker, tasks: list) -> None:
+    def _send_tasks(self, worker: WorkerHandle, tasks: list[Task]) -> None:
+        parts = []
+        for task in tasks:
+            try:
+                parts.append(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
+            except Exception as exc:
+                self._break(worker, task.batch_index, "could not send the task of", exc)
         try:
-            _send(worker.channels.tasks, *tasks)
-        except (BrokenPipeError, OSError):
-            for task in tasks:  # it is dead: the sentinel tells how
-                self._give_back(task.slot)
-            self._on_worker_exit(worker)
+            worker.channels.tasks.put(b"".join(parts))
+        except BrokenPipeError:
+            pass  # it is gone: its sentinel tells how, once what it sent is read
+        self._poller.want_room(worker)
 
     def _give_back(self, slot: Optional[int]) -> None:
         """Return a slot that a message did not fill, or whose batch is dropped."""
@@ -392,68 +371,102 @@ class ProcessExecutor:
 
     # ------------------------------------------------------------- collect
     def _wait(self, deadline: Optional[float]) -> None:
-        """Wait for a result or a worker's exit (or the deadline), and take it in."""
+        """Wait for a result, a worker's exit, room in a task pipe, the
+        deadline or the watchdog, and take it in."""
         if not self._poller.watched:
             raise RuntimeError("every DataLoader worker has stopped; nothing is left to wait for")
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready = self._poller.wait(timeout)
-        if not ready:
-            self._on_timeout()
+        events = self._poller.wait(self._wait_timeout_s(deadline))
+        if not events:
+            if deadline is not None and time.monotonic() >= deadline:
+                self._on_timeout()
+            if self._watchdog.due():
+                self._warn_stall()
+            return
         exited = []
-        for worker, is_exit in ready:
-            if is_exit:
-                exited.append(worker)
+        for worker, event in events:
+            if event is Event.WRITABLE:
+                self._flush(worker)
+            elif event is Event.RESULT:
+                self._receive(worker)
             else:
-                self._receive_one(worker)
+                exited.append(worker)
         for worker in exited:
-            self._drain(worker)
+            self._receive(worker, to_end=True)
             self._on_worker_exit(worker)
 
-    def _receive_one(self, worker: _Worker) -> None:
-        """Take one write's messages; if more are waiting, the next poll says so at once."""
-        try:
-            messages = receive_all(worker.channels.results)
-        except (EOFError, OSError):
-            return  # the sentinel tells whether it died
-        for message in messages:
-            self._handle(worker, message)
+    def _wait_timeout_s(self, deadline: Optional[float]) -> Optional[float]:
+        waits = [self._watchdog.remaining_s()]
+        if deadline is not None:
+            waits.append(max(0.0, deadline - time.monotonic()))
+        waits = [w for w in waits if w is not None]
+        return min(waits) if waits else None
 
-    def _drain(self, worker: _Worker) -> None:
-        """Take every message a worker sent before it exited."""
-        conn = worker.channels.results
+    def _flush(self, worker: WorkerHandle) -> None:
         try:
-            while not conn.closed and conn.poll():
-                for message in receive_all(conn):
-                    self._handle(worker, message)
-        except (EOFError, OSError):
-            pass
+            worker.channels.tasks.flush()
+        except BrokenPipeError:
+            pass  # as in _send_tasks
+        self._poller.want_room(worker)
 
-    def _handle(self, worker: _Worker, message: Any) -> None:
-        if isinstance(message, InitFailed):
-            self._fail(rebuild_exception(message.failure, f"(conveyor: while starting worker {message.worker_id}, pid {worker.process.pid})"))
+    def _receive(self, worker: WorkerHandle, to_end: bool = False) -> None:
+        """Take what the worker has sent: what one read gives, or (once it
+        has exited) everything up to the end of its pipe."""
+        while True:
+            try:
+                payloads = worker.channels.results.read()
+            except EOFError:
+                self._poller.forget_results(worker)
+                return
+            for payload in payloads:
+                self._handle(worker, self._unpickle(worker, payload))
+            if not (to_end and payloads):
+                return
+
+    def _unpickle(self, worker: WorkerHandle, payload: Any) -> Any:
+        try:
+            return pickle.loads(payload)
+        except Exception as exc:
+            sent = worker.current(self._epoch_id)
+            self._break(worker, sent.batch_index if sent else None, "could not read the result of", exc)
+
+    def _handle(self, worker: WorkerHandle, message: Any) -> None:
         if isinstance(message, Ready):
             self._starting.discard(message.worker_id)
             return
-        slot = worker.outstanding.popleft()[2] if worker.outstanding else None
-        if message.epoch_id != self._epoch_id or message.batch_index not in self._pending:
-            self._give_back(slot)
+        if isinstance(message, Fatal):
+            self._on_fatal(worker, message)
+        sent = worker.outstanding.popleft() if worker.outstanding else None
+        worker.busy_since = time.monotonic()  # it starts on its next task now
+        self._watchdog.arrived()
+        if sent is None or message.epoch_id != self._epoch_id or message.batch_index not in self._pending:
+            self._give_back(sent.slot if sent is not None else None)
             return  # a result of an abandoned epoch
+        planned = self._pending.pop(message.batch_index)
+        index = message.batch_index
         if isinstance(message, Batch):
-            message = dataclasses.replace(message, data=self._decode(worker, slot, message))
-        else:
-            self._give_back(slot)
+            data, error = self._decode(worker, sent, planned, message)
+            self._reorder.put(index, _Finished(index, worker.id, data, error, message.worker_state))
+            return
+        self._give_back(sent.slot)
         if isinstance(message, Exhausted):
             worker.active = False
-            self._pending.pop(message.batch_index)
-            self._skipped.add(message.batch_index)
-            self._retired_at[message.batch_index] = (message.worker_id, message.worker_state)
-            self._arrivals.append(message.batch_index)
-            return
-        self._ready[message.batch_index] = message
-        self._arrivals.append(message.batch_index)
+            if self._progress is not None:
+                self._progress.exhausted(index, worker.id, message.worker_state)
+            self._reorder.retire(index)
+        elif isinstance(message, TaskFailed):
+            context = f"(conveyor: worker pid {message.failure.pid}, batch {index}, {describe_indices(planned.indices)})"
+            error = rebuild_exception(message.failure, context)
+            for name, value in (("batch_index", index), ("indices", planned.indices)):
+                try:
+                    setattr(error, name, value)
+                except Exception:
+                    pass
+            self._reorder.put(index, _Finished(index, worker.id, error=error))
 
-    def _decode(self, worker: _Worker, slot: Optional[int], message: Batch) -> Any:
-        """The batch as the user gets it: views on the slot, tensors if asked."""
+    def _decode(self, worker: WorkerHandle, sent: Sent, planned: PlannedBatch, message: Batch) -> tuple[Any, Any]:
+        """(the batch as the user gets it: views on the slot, tensors if
+        asked; None) or, when the conversion to tensors fails, (None, that
+        batch's error). Failing to map the slot breaks the pool."""
         if message.note and not self._noted:
             self._noted = True
             warnings.warn(
@@ -461,84 +474,66 @@ class ProcessExecutor:
                 f"data, slower). Free memory, or lower batch_size, prefetch_factor or num_workers.",
                 stacklevel=5,
             )
-        if slot is None or message.used == 0:
-            self._give_back(slot)
+        if sent.slot is None or message.used == 0:
+            self._give_back(sent.slot)
             data = message.data
         else:
-            data = self._slots.decode(message.data, slot, message.slot_size, message.used, torch_from_numpy)
-        if self.config.spec.to_torch:
-            from ..collate import to_torch
-
-            data = to_torch(data)
-        return data
-
-    def _take_ready(self) -> tuple[bool, Any]:
-        if self._starting:
-            return False, None
-        if self.config.in_order:
-            while self._next_to_deliver in self._skipped:
-                self._skipped.discard(self._next_to_deliver)
-                self._note_retired(self._retired_at.pop(self._next_to_deliver, None))
-                self._next_to_deliver += 1
-            index = self._next_to_deliver
-            if index in self._ready:
-                self._next_to_deliver += 1
-                self._pending.pop(index, None)
-                message = self._ready.pop(index)
-                self._note_delivered(message)
-                return True, message
-            return False, None
-        while self._arrivals:
-            index = self._arrivals.popleft()
-            if index in self._ready:
-                self._pending.pop(index, None)
-                return True, self._ready.pop(index)
-        return False, None
-
-    def _note_delivered(self, message: Any) -> None:
-        progress = self.worker_progress
-        if progress is None:
-            return
-        state = getattr(message, "worker_state", None)
-        if state is not None:
-            progress["states"][message.worker_id] = state
-        progress["next"] = (message.worker_id + 1) % len(progress["states"])
-
-    def _note_retired(self, retired: Optional[tuple]) -> None:
-        progress = self.worker_progress
-        if progress is None or retired is None:
-            return
-        wid, state = retired
-        if state is not None:
-            progress["states"][wid] = state
-        if wid not in progress["retired"]:
-            progress["retired"].append(wid)
-
-    def _deliver(self, message: Any) -> Any:
-        if isinstance(message, TaskFailed):
-            context = (
-                f"(conveyor: worker pid {message.failure.pid}, batch {message.batch_index}, "
-                f"{describe_indices(message.indices)})"
-            )
-            err = rebuild_exception(message.failure, context)
             try:
-                err.batch_index = message.batch_index
-                err.indices = message.indices
-            except AttributeError:
-                pass
-            raise err
-        return message.data
+                data = self._slots.decode(message.data, sent.slot, message.slot_size, message.used, torch_from_numpy)
+            except Exception as exc:
+                self._break(worker, message.batch_index, "could not map the shared memory of", exc)
+        if not self.config.spec.to_torch:
+            return data, None
+        from ..collate import to_torch
 
-    # ------------------------------------------------------------- failures
-    def _busy_text(self) -> str:
+        try:
+            return to_torch(data), None
+        except Exception as error:
+            _add_note(
+                error,
+                f"(conveyor: while turning batch {message.batch_index} ({describe_indices(planned.indices)}) "
+                f"from {worker.describe()} into torch tensors)",
+            )
+            return None, error
+
+    # ------------------------------------------------------------- watching
+    def _doing(self, worker: WorkerHandle) -> Optional[str]:
+        if worker.id in self._starting:
+            return "starting (imports, seeding, worker_init_fn)"
+        sent = worker.current(self._epoch_id)
+        if sent is None or sent.batch_index not in self._pending:
+            return None
+        return f"loading batch {sent.batch_index} ({describe_indices(self._pending[sent.batch_index].indices)})"
+
+    def _warn_stall(self) -> None:
+        now = time.monotonic()
+        busy = []
+        for worker in self._workers:
+            doing = self._doing(worker)
+            if doing is not None:
+                stack = worker.stack.request(worker.process.pid) if worker.stack is not None else ""
+                busy.append(BusyWorker(worker.describe(), doing, now - worker.busy_since, stack))
+        warnings.warn(self._watchdog.report(busy), StallWarning, stacklevel=5)
+
+    def _late_text(self) -> str:
+        """Which batch the loop is waiting for, and who has it."""
+        now = time.monotonic()
+        wanted = self._reorder.next_index if self.config.in_order else None
         parts = []
-        for w in self._workers:
-            current = [b for e, b, _ in w.outstanding if e == self._epoch_id and b in self._pending]
-            if current:
-                planned = self._pending[current[0]]
-                parts.append(
-                    f"worker {w.id} (pid {w.process.pid}) on batch {current[0]} ({describe_indices(planned.indices)})"
-                )
+        for worker in self._workers:
+            doing = self._doing(worker)
+            if doing is None:
+                continue
+            queued = [s.batch_index for s in worker.outstanding if s.epoch_id == self._epoch_id]
+            text = f"{worker.describe()} has been {doing} for {now - worker.busy_since:.1f} s"
+            if wanted is not None and wanted in queued[1:]:
+                text += f"; batch {wanted}, the one the loop waits for, is queued behind it"
+            parts.append(text)
+        if wanted is not None:
+            head = f"waiting for batch {wanted}"
+            if wanted in self._pending:
+                head += f" ({describe_indices(self._pending[wanted].indices)})"
+            parts.insert(0, head)
         return "; ".join(parts) if parts else "no worker had a batch in hand"
 
     def _on_timeout(self) -> None:
@@ -546,29 +541,70 @@ class ProcessExecutor:
         # stopped now rather than whenever the traceback lets the iterator go.
         self._fail(
             RuntimeError(
-                f"DataLoader timed out after {self.config.timeout_s} seconds. (conveyor: still busy: "
-                f"{self._busy_text()}. The workers were stopped; raise timeout=, or look for a slow "
-                f"or stuck sample.)"
+                f"DataLoader timed out after {self.config.timeout_s} seconds. (conveyor: {self._late_text()}. "
+                f"The workers were stopped; raise timeout=, or look for a slow or stuck sample.)"
             )
         )
 
-    def _on_worker_exit(self, worker: _Worker) -> None:
+    # ------------------------------------------------------------- failures
+    def _on_fatal(self, worker: WorkerHandle, fatal: Fatal) -> None:
+        """User code ended the worker (set-up failed, SystemExit, KeyboardInterrupt)."""
+        failure, pid = fatal.failure, worker.process.pid
+        if failure.exc_type_name in _ENDING_TYPES:
+            if fatal.batch_index is not None:
+                doing = f"while loading batch {fatal.batch_index} ({describe_indices(fatal.indices)})"
+            else:
+                doing = "while starting"
+            error = WorkerDiedError(
+                f"DataLoader worker (pid(s) {pid}) exited unexpectedly with exit code {fatal.exit_code}: "
+                f"{failure.exc_type_name} was raised {failure.where} {doing} (conveyor: worker {worker.id}).\n"
+                f"Original {failure.traceback_text}"
+            )
+            error.exit_code = fatal.exit_code
+            self._fail(error, cause=rebuild_exception(failure))
+        if fatal.stage == "read":
+            sent = worker.current(self._epoch_id)
+            self._break(
+                worker, sent.batch_index if sent else None, "could not read the task of", rebuild_exception(failure)
+            )
+        self._fail(rebuild_exception(failure, f"(conveyor: while starting worker {worker.id}, pid {pid})"))
+
+    def _on_worker_exit(self, worker: WorkerHandle) -> None:
         worker.exited = True
         self._poller.forget(worker)
-        worker.process.join(_REAP_TIMEOUT_S)
+        worker.process.join(REAP_TIMEOUT_S)
         if self.state is not Lifecycle.RUNNING:
             return
-        current = [b for e, b, _ in worker.outstanding if e == self._epoch_id and b in self._pending]
-        if current:
-            doing = f"It was loading batch {current[0]} ({describe_indices(self._pending[current[0]].indices)})."
+        sent = worker.current(self._epoch_id)
+        if sent is not None and sent.batch_index in self._pending:
+            what = f"batch {sent.batch_index} ({describe_indices(self._pending[sent.batch_index].indices)})"
+            doing = f"It was sending the result of {what}." if worker.channels.results.partial else f"It was loading {what}."
         else:
             doing = "It had no batch in hand."
         text = f"{describe_exit(worker.process.pid, worker.process.exitcode)} (conveyor: worker {worker.id}. {doing})"
+        crash = worker.stack.crash_text() if worker.stack is not None else ""
+        if crash:
+            text += f"\nIts Python stack when it crashed:\n{crash}"
         self._fail(WorkerDiedError(text))
 
-    def _fail(self, error: BaseException) -> None:
+    def _break(self, worker: WorkerHandle, batch_index: Optional[int], doing: str, cause: BaseException) -> None:
+        """A message could not cross between this process and ``worker``."""
+        planned = self._pending.get(batch_index) if batch_index is not None else None
+        what = f"batch {batch_index}" if batch_index is not None else "a batch"
+        if planned is not None:
+            what += f" ({describe_indices(planned.indices)})"
+        direction = "for" if "task" in doing else "from"
+        error = TransportError(
+            f"conveyor: {doing} {what} {direction} {worker.describe()}: {_describe(cause)}. The loader "
+            f"stopped its workers; the cause is chained below."
+        )
+        self._fail(error, cause=cause)
+
+    def _fail(self, error: BaseException, cause: Optional[BaseException] = None) -> None:
         """The one failure path: remember, stop everything, raise; later
         calls raise the same error."""
+        if cause is not None:
+            error.__cause__ = cause
         self._error = error
         self.state = Lifecycle.BROKEN
         self._stop_workers()
@@ -582,7 +618,10 @@ class ProcessExecutor:
         """A copy of the stored error to raise. The stored one is never raised
         itself: a traceback on it would hold the frames (iterator, loader)
         of the call that raised it, and the executor would keep them alive."""
-        error = copy.copy(self._error)
+        try:
+            error = copy.copy(self._error)
+        except Exception:
+            return self._error
         error.__cause__ = self._error.__cause__
         return error
 
@@ -592,53 +631,66 @@ class ProcessExecutor:
         if self.state is Lifecycle.CLOSED:
             raise RuntimeError("this DataLoader iterator has been shut down; start a new one with iter(loader)")
 
+    def _check_owner(self) -> None:
+        if os.getpid() != self._owner_pid:
+            raise RuntimeError(
+                f"this DataLoader iterator belongs to process {self._owner_pid}, whose workers a forked "
+                f"child cannot use; start a new iterator (iter(loader)) in this process"
+            )
+
     # ------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
-        """Stop the pool. Safe to call twice, from a finalizer or at exit."""
+        """Stop the pool. Safe to call twice, from a finalizer, at exit, or
+        in a forked child (which only lets go of its copies)."""
         if self.state is not Lifecycle.BROKEN:
             self.state = Lifecycle.CLOSED
+        if os.getpid() != self._owner_pid:
+            self._let_go_in_child()
+            return
         self._stop_workers()
 
     def _stop_workers(self) -> None:
-        """1. raise the shared stop flag (workers skip their queued tasks) and
-        send Stop (non-blocking); 2. drain results and wait up to
-        ``_STOP_GRACE_S``; 3. kill what is left and reap it; 4. close pipes,
-        sentinels and shared memory (batches the user holds stay valid)."""
+        """1. raise the shared stop flag (workers skip their queued tasks);
+        2. stop the processes (pool.stop_workers); 3. close shared memory
+        (batches the user holds stay valid)."""
         workers, self._workers = self._workers, []
         if self._stop_flag is not None:
-            self._stop_flag.set()  # skip the tasks still queued
+            self._stop_flag.set()  # 1
+        for worker in workers:
+            self._poller.forget(worker)
         if workers:
-            self._stop_processes(workers)
+            stop_workers(workers)  # 2
+        self._close_shared()  # 3
+
+    def _let_go_in_child(self) -> None:
+        """In a forked child: close this process's copies of the descriptors,
+        and touch nothing the parent's workers see (no flag, no Stop, no kill)."""
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.channels.close()
+            if worker.stack is not None:
+                worker.stack.close()
+        self._close_shared()
+
+    def _close_shared(self) -> None:
         if self._slots is not None:
             self._slots.close()
         if self._stop_flag is not None:
             self._stop_flag.close()
 
-    @staticmethod
-    def _stop_processes(workers: list) -> None:
-        for w in workers:  # 1
-            try:
-                os.set_blocking(w.channels.tasks.fileno(), False)
-                _send(w.channels.tasks, Stop())
-            except (OSError, ValueError):
-                pass
-        deadline = time.monotonic() + _STOP_GRACE_S  # 2
-        running = [w for w in workers if w.process.exitcode is None]
-        while running and time.monotonic() < deadline:
-            handles = {w.process.sentinel: w for w in running}
-            handles.update({w.channels.results: w for w in running if not w.channels.results.closed})
-            for handle in wait_ready(list(handles), max(0.0, deadline - time.monotonic())):
-                w = handles[handle]
-                if handle is w.channels.results:
-                    try:
-                        while w.channels.results.poll():
-                            w.channels.results.recv_bytes()
-                    except (EOFError, OSError):
-                        w.channels.results.close()
-            running = [w for w in running if w.process.exitcode is None]
-        for w in running:  # 3
-            w.process.kill()
-        for w in workers:
-            w.process.join(_REAP_TIMEOUT_S)
-            w.channels.close()  # 4
-            w.process.close()
+
+def _describe(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<its message could not be printed>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    add_note = getattr(error, "add_note", None)  # Python 3.11+
+    if add_note is not None:
+        try:
+            add_note(note)
+        except Exception:
+            pass

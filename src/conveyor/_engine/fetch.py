@@ -109,16 +109,21 @@ class IterableFetcher:
 
     def restart(self, restore: Any = None) -> None:
         """Begin a new pass over the dataset (a new epoch), or continue one
-        from ``restore`` (a dict made by :meth:`state`)."""
+        from ``restore`` (a dict made by :meth:`state`). When the dataset's
+        ``__iter__`` or ``load_state_dict`` raises, this copy has no data
+        this epoch (as a generator that raised)."""
         dataset = self.spec.dataset
+        self._iterator = None
+        self.ended = True
+        self.served = 0
         if restore is not None and restore.get("dataset_state") is not None:
             dataset.load_state_dict(restore["dataset_state"])
-        self._iterator = iter(dataset)
+        iterator = iter(dataset)
+        if restore is not None and restore.get("iterator_state") is not None:
+            iterator.load_state_dict(restore["iterator_state"])
+        self._iterator = iterator
         self.ended = False
-        self.served = 0
         if restore is not None:
-            if restore.get("iterator_state") is not None:
-                self._iterator.load_state_dict(restore["iterator_state"])
             self.ended = bool(restore.get("iterator_ended"))
             self.served = int(restore.get("served", 0))
 
@@ -140,7 +145,7 @@ class IterableFetcher:
 
     def fetch(self, indices: Any, allocate: Optional[Allocate] = None) -> Any:
         spec = self.spec
-        if self._iterator is None:
+        if self._iterator is None and not self.ended:
             self.restart()
         self.served += 1
         if self.ended:

@@ -19,20 +19,37 @@ import os
 import pickle
 import subprocess
 import sys
+import weakref
 from multiprocessing import reduction
-from multiprocessing.connection import Connection
 from typing import Any, Optional
 
 import cloudpickle
 
+from .wire import FrameReader, FrameWriter, pack
 from .worker import WorkerConfig, fork_entry, pickled_entry
 
-#: Task pipes get this much buffer, so that sending a task never waits on a
-#: worker that is itself busy sending a big result (1 MiB is Linux's default
-#: pipe-max-size for unprivileged processes).
-_TASK_PIPE_BYTES = 1 << 20
+#: Pipes get this much buffer (Linux's default pipe-max-size for unprivileged
+#: processes), so that most tasks and inline results go in one write.
+_PIPE_BYTES = 1 << 20
 
 START_METHODS = ("fork", "spawn", "forkserver")
+
+#: Workers started through multiprocessing (fork, forkserver). A child that
+#: the user's script forks with os.fork inherits multiprocessing's list of
+#: children, and at its exit terminates the daemons among them: this
+#: process's workers. The child forgets them (see _forget_workers_in_child).
+_mp_workers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _forget_workers_in_child() -> None:
+    children = getattr(multiprocessing.process, "_children", None)
+    if children:
+        for process in list(_mp_workers):
+            children.discard(process)
+    _mp_workers.clear()
+
+
+os.register_at_fork(after_in_child=_forget_workers_in_child)
 
 
 class WorkerProcess:
@@ -81,40 +98,45 @@ class WorkerProcess:
                 pass
 
 
-def _pipe(bigger: bool = False) -> tuple[int, int]:
-    r, w = os.pipe()
-    if bigger:
-        try:
-            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _TASK_PIPE_BYTES)
-        except OSError:  # a lower pipe-max-size: the default buffer still works
-            pass
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    except OSError:  # a lower pipe-max-size: the default buffer still works
+        pass
     return r, w
 
 
 class Channels:
-    """The two pipes of one worker. The main process keeps ``tasks`` (write)
-    and ``results`` (read); the worker gets the other two ends, which the main
+    """The two pipes of one worker. The main process keeps ``tasks`` (a
+    non-blocking :class:`FrameWriter`) and ``results`` (a non-blocking
+    :class:`FrameReader`); the worker gets the other two ends, which the main
     process closes once the worker has started."""
 
     def __init__(self) -> None:
-        task_r, task_w = _pipe(bigger=True)
+        task_r, task_w = _pipe()
         result_r, result_w = _pipe()
-        self.tasks = Connection(task_w, readable=False)
-        self.results = Connection(result_r, writable=False)
-        self.worker_tasks = Connection(task_r, writable=False)
-        self.worker_results = Connection(result_w, readable=False)
+        self.worker_task_fd = task_r
+        self.worker_result_fd = result_w
+        self.tasks = FrameWriter(task_w)
+        self.results = FrameReader(result_r)
+        self._open = [task_r, result_w, task_w, result_r]
 
     def main_fds(self) -> tuple[int, int]:
-        return self.tasks.fileno(), self.results.fileno()
+        return self.tasks.fd, self.results.fd
+
+    def _close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.remove(fd)
+            os.close(fd)
 
     def close_worker_ends(self) -> None:
-        self.worker_tasks.close()
-        self.worker_results.close()
+        self._close(self.worker_task_fd)
+        self._close(self.worker_result_fd)
 
     def close(self) -> None:
-        self.close_worker_ends()
-        self.tasks.close()
-        self.results.close()
+        for fd in list(self._open):
+            self._close(fd)
 
 
 def _rebuild_fd(handle: Any) -> int:
@@ -148,11 +170,12 @@ def start_worker(method: str, config: WorkerConfig, payload: Optional[bytes], ch
         ctx = multiprocessing.get_context("fork")
         proc = ctx.Process(
             target=fork_entry,
-            args=(config, channels.worker_tasks, channels.worker_results),
+            args=(config, channels.worker_task_fd, channels.worker_result_fd),
             name=f"conveyor-worker-{config.worker_id}",
             daemon=True,
         )
         proc.start()
+        _mp_workers.add(proc)
         return WorkerProcess(proc.pid, proc.sentinel, proc)
     if method == "forkserver":
         ctx = multiprocessing.get_context("forkserver")
@@ -161,27 +184,23 @@ def start_worker(method: str, config: WorkerConfig, payload: Optional[bytes], ch
             args=(
                 config.worker_id,
                 payload,
-                channels.worker_tasks,
-                channels.worker_results,
-                tuple(_PassedFd(fd) for fd in _shared_fds(config)),
+                _PassedFd(channels.worker_task_fd),
+                _PassedFd(channels.worker_result_fd),
+                tuple(_PassedFd(fd) if fd >= 0 else fd for fd in config.fds.as_tuple()),
             ),
             name=f"conveyor-worker-{config.worker_id}",
             daemon=True,
         )
         proc.start()
+        _mp_workers.add(proc)
         return WorkerProcess(proc.pid, proc.sentinel, proc)
     if method == "spawn":
-        return _spawn(config.worker_id, channels, _shared_fds(config))
+        return _spawn(config.worker_id, channels, tuple(fd for fd in config.fds.as_tuple() if fd >= 0))
     raise ValueError(f"unknown start method {method!r}; expected one of {START_METHODS}")
 
 
-def _shared_fds(config: WorkerConfig) -> tuple:
-    """The shared-memory descriptors a worker inherits: stop flag, then slots."""
-    return () if config.stop_fd is None else (config.stop_fd, *config.slot_fds)
-
-
 def _spawn(worker_id: int, channels: Channels, shared_fds: tuple) -> WorkerProcess:
-    task_fd, result_fd = channels.worker_tasks.fileno(), channels.worker_results.fileno()
+    task_fd, result_fd = channels.worker_task_fd, channels.worker_result_fd
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
@@ -198,15 +217,14 @@ def _spawn(worker_id: int, channels: Channels, shared_fds: tuple) -> WorkerProce
 def deliver_config(method: str, channels: Channels, payload: Optional[bytes]) -> None:
     """Under spawn, send the header and the config down the task pipe.
 
-    Called once every worker has been started (so that interpreters start
-    side by side) and after the worker ends were closed here (so that a child
-    that died makes this fail with BrokenPipeError instead of waiting).
+    Queued without waiting (a big dataset travels by value): the executor's
+    poll loop writes the rest as the worker reads it, and notices if the
+    worker dies instead.
     """
     if method != "spawn":
         return
-    header = {"sys_path": list(sys.path)}
-    channels.tasks.send_bytes(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
-    channels.tasks.send_bytes(payload)
+    channels.tasks.put(pack({"sys_path": list(sys.path)}))
+    channels.tasks.put(payload)
 
 
 def pickle_config(config: WorkerConfig) -> bytes:

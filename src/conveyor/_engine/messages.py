@@ -4,7 +4,7 @@ Every message is a named frozen dataclass; nothing is told apart by a tuple's
 length or position. They are pickled on the way, so they hold plain values.
 
     main ──Task / Stop──────────────────────────▶ worker
-    main ◀──Ready / Batch / TaskFailed / Exhausted / InitFailed── worker
+    main ◀──Ready / Batch / TaskFailed / Exhausted / Fatal── worker
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Task:
     batch_index: int
     seed: int
     indices: Any
-    #: Which of this worker's shared-memory slots to write the batch into;
+    #: Which shared-memory slot of the pool to write the batch into;
     #: None: send it inline (no slot free, or shared memory is off).
     slot: Optional[int] = None
     #: A resumed epoch's first task to a worker: where its copy of an
@@ -83,8 +83,11 @@ class Exhausted:
 class Failure:
     """An exception raised by user code, carried with its context.
 
-    ``exception`` is the original exception when it could be pickled, else
-    ``None`` (the type name and the formatted traceback always travel).
+    Everything here is plain text or bytes, so the message itself always
+    arrives: the exception and its class travel pickled inside it and are
+    unpickled by the main process only if they can be (``None`` when they
+    could not even be pickled). The type's name and the formatted traceback
+    always travel.
     """
 
     worker_id: Optional[int]
@@ -92,10 +95,11 @@ class Failure:
     where: str
     exc_type_name: str
     traceback_text: str
-    exception: Any = None
-    #: The exception's class, when the instance could not travel but its
-    #: class can (by reference), so the user still catches the right type.
-    exception_type: Any = None
+    #: The pickled exception, when it survived a round trip in the worker.
+    exception_bytes: Optional[bytes] = None
+    #: The pickled class, when the instance could not travel but its class
+    #: can (by reference), so the user still catches the right type.
+    type_bytes: Optional[bytes] = None
 
 
 @dataclass(frozen=True)
@@ -110,9 +114,19 @@ class TaskFailed:
 
 
 @dataclass(frozen=True)
-class InitFailed:
-    """Set-up raised (unpickling the config, seeding, ``worker_init_fn``);
-    the worker exits after sending this."""
+class Fatal:
+    """User code ended the worker: an exception during set-up (unpickling the
+    config, seeding, ``worker_init_fn``), or ``SystemExit`` or
+    ``KeyboardInterrupt`` while loading a batch. The worker exits with
+    ``exit_code`` right after sending this, so the main process can say what
+    happened instead of "exited unexpectedly"."""
 
     worker_id: int
     failure: Failure
+    exit_code: int
+    #: "start" (set-up), "read" (a task message did not unpickle) or "task".
+    stage: str
+    #: The batch in hand, if any.
+    epoch_id: Optional[int] = None
+    batch_index: Optional[int] = None
+    indices: Any = None

@@ -1,15 +1,15 @@
 """Shared-memory slots: batches travel between processes without pickling
 their bytes and without a fresh allocation per batch.
 
-    main: SlotPool ── creates memfds, lends slot k of worker w in a Task ──▶ worker
+    main: SlotPool ── creates memfds, lends free slot k in a Task ──▶ any worker
     worker: SlotWriter(k) ── collate allocates in slot k (grows it if needed) ──▶ Batch header
     main: SlotPool.decode ── views on slot k ── user ── last view dropped ──▶ slot k free again
 
 Ownership rule:
   * The main process creates every slot (an anonymous ``memfd``: no file in
     /dev/shm, and the kernel frees the memory when the last descriptor and
-    mapping are gone, whichever process dies) before the workers start; each
-    worker inherits the descriptors of its own slots.
+    mapping are gone, whichever process dies) before the workers start; every
+    worker inherits the descriptors of every slot (one pool serves them all).
   * A slot belongs to the worker from the moment a Task names it until the
     worker's Batch arrives; then to the main process while any array or tensor
     handed to the user refers to it; then it is free. Only the main process
@@ -286,7 +286,10 @@ def _small(data: Any) -> bool:
 
     def leaf(value: Any) -> Any:
         nonlocal total
-        nbytes = getattr(value, "nbytes", None)
+        try:
+            nbytes = value.nbytes
+        except Exception:  # none, or none defined (sparse tensors raise)
+            return value
         if isinstance(nbytes, int):
             total += nbytes
         return value
@@ -336,7 +339,12 @@ class SlotPool:
     def decode(self, data: Any, slot: int, slot_size: int, used: int, to_torch: Callable[[np.ndarray, Optional[str]], Any]) -> Any:
         """Views on the slot in place of each :class:`Leaf`; the slot is free
         again once every view (and tensor on one) is gone."""
-        slab = np.frombuffer(self._mapping(slot, slot_size), np.uint8, count=used)
+        try:
+            mapping = self._mapping(slot, slot_size)
+        except BaseException:  # (mmap: out of memory, say) the slot is free again
+            self.give_back(slot)
+            raise
+        slab = np.frombuffer(mapping, np.uint8, count=used)
         weakref.finalize(slab, self.give_back, slot)
 
         def leaf(value: Any) -> Any:

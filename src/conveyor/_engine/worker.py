@@ -3,14 +3,17 @@
     main ──Tasks──▶ [task pipe] ──▶ worker loop ──▶ fetch + collate into slot k ──▶ [result pipe] ──Batch headers──▶ main
                                       │
                                       ├─ stop flag (shared byte): checked before each task
+                                      ├─ stack file: faulthandler writes the stack there on a crash or on request
                                       └─ parent watch thread: exits when the main process is gone
 
 Actors:
-  * ``run_worker``: seeds, calls ``worker_init_fn``, says Ready, then serves
-    tasks in order, each under its batch's seed; arrays go straight into the
-    task's shared-memory slot (``rows.py``, ``shm.py``); an exception in user
-    code becomes a ``TaskFailed`` and the loop goes on. Results of quick
-    tasks travel together while more tasks wait.
+  * ``run_worker``: seeds, sets torch to one thread, calls ``worker_init_fn``,
+    says Ready, then serves tasks in order, each under its batch's seed;
+    arrays go straight into the task's shared-memory slot (``rows.py``,
+    ``shm.py``); each result is sent the moment it is ready. An exception in
+    user code becomes a ``TaskFailed`` and the loop goes on; ``SystemExit``
+    or ``KeyboardInterrupt`` in user code, or a failure during set-up,
+    becomes a ``Fatal`` and the worker exits (with the SystemExit's code).
   * ``_watch_parent``: a daemon thread; when the parent dies the worker exits
     at once, even in the middle of a long ``__getitem__``.
 
@@ -24,27 +27,27 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import io
 import os
 import pickle
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from .. import rng
-from .errors import capture_failure
 from . import info as _info
+from . import stacks
+from .errors import capture_failure
 from .fetch import EndOfData, FetchSpec, fetch_seeded, make_fetcher
 from .info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
-from .messages import Batch, Exhausted, InitFailed, Ready, Stop, Task, TaskFailed
+from .messages import Batch, Exhausted, Fatal, Ready, Stop, Task, TaskFailed
 from .rows import RowPlacer
 from .shm import SlotWriter, StopFlag, encode
 from .torch_hook import when_torch_loads
+from .wire import pack, read_frame, unpack, write_frame
 
 #: glibc returns freed memory above this much to the kernel; every sample a
 #: dataset makes then lands on fresh pages, which cost ~10x more to write
@@ -53,15 +56,32 @@ _MALLOC_TRIM_THRESHOLD_BYTES = 256 << 20
 #: Allocations below this come from the reusable heap, not a fresh mmap.
 _MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
 
-#: Results of tasks quicker than this are held back while more tasks wait
-#: in the pipe, and sent together; slower ones go at once (no added latency).
-_BATCHING_MAX_TASK_S = 0.001
-#: At most this many results travel in one write.
-_MAX_RESULTS_PER_MESSAGE = 8
-
 #: How often a worker checks that its parent is alive. Short enough that
 #: workers of a killed main process are gone well within a second.
 _PARENT_POLL_S = 0.1
+#: The exit code of a worker interrupted by KeyboardInterrupt (as a shell reports SIGINT).
+_INTERRUPTED_EXIT_CODE = 128 + 2
+
+
+@dataclass(frozen=True)
+class WorkerFds:
+    """The shared descriptors a worker inherits (None or empty: that feature is off)."""
+
+    #: The shared stop flag.
+    stop: Optional[int] = None
+    #: Where faulthandler writes this worker's stack (stacks.StackFile).
+    stack: Optional[int] = None
+    #: The pool's shared-memory slots, by slot number.
+    slots: tuple = ()
+
+    def as_tuple(self) -> tuple:
+        """Every descriptor, in a fixed order (see :meth:`from_tuple`)."""
+        return (-1 if self.stop is None else self.stop, -1 if self.stack is None else self.stack, *self.slots)
+
+    @classmethod
+    def from_tuple(cls, fds: tuple) -> "WorkerFds":
+        stop, stack, *slots = (int(fd) for fd in fds)
+        return cls(None if stop < 0 else stop, None if stack < 0 else stack, tuple(slots))
 
 
 @dataclass(frozen=True)
@@ -74,11 +94,9 @@ class WorkerConfig:
     fetch: FetchSpec
     worker_init_fn: Optional[Callable[[int], None]]
     parent_pid: Optional[int]
+    #: Descriptors of the main process a forked worker closes (its pipe ends).
     close_fds: tuple = ()
-    #: This worker's shared-memory slots (memfd descriptors), by slot number.
-    slot_fds: tuple = ()
-    #: The shared stop flag's descriptor (None: shared memory is off).
-    stop_fd: Optional[int] = None
+    fds: WorkerFds = WorkerFds()
 
 
 def _set_worker_info(config: WorkerConfig) -> None:
@@ -87,6 +105,11 @@ def _set_worker_info(config: WorkerConfig) -> None:
     _info.current = info
 
     def tell_torch(torch: Any) -> None:
+        # One intra-op thread per worker, as torch's workers: N workers each
+        # running every core's worth of threads only fight, and a thread pool
+        # inherited through fork hangs on its first use (PyTorch issue 53565).
+        # worker_init_fn runs after this and may choose otherwise.
+        torch.set_num_threads(1)
         # Datasets written for torch ask torch.utils.data.get_worker_info()
         # to shard themselves; answer them too. Torch loaded late (inside
         # __getitem__) also gets the seed of the batch in hand.
@@ -131,148 +154,199 @@ def _keep_freed_memory() -> None:
     mallopt(m_mmap_threshold, _MALLOC_MMAP_THRESHOLD_BYTES)
 
 
-def _send(conn, *messages: Any) -> None:
-    """Send one or more messages in one write (pickles back to back)."""
-    conn.send_bytes(b"".join(pickle.dumps(m, protocol=pickle.HIGHEST_PROTOCOL) for m in messages))
+def _exit_code(exc: BaseException) -> int:
+    """The code a process ends with when ``exc`` goes uncaught, as Python's."""
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None:
+            return 0
+        return code if isinstance(code, int) else 1
+    if isinstance(exc, KeyboardInterrupt):
+        return _INTERRUPTED_EXIT_CODE
+    return 1
 
 
-def _result_bytes(message: Any, task: Task) -> bytes:
-    """A result pickled; a batch that cannot be pickled becomes its TaskFailed."""
-    try:
-        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        failure = capture_failure(message.worker_id, f"in DataLoader worker process {message.worker_id}")
-        return pickle.dumps(
-            TaskFailed(task.epoch_id, task.batch_index, message.worker_id, task.indices, failure),
-            protocol=pickle.HIGHEST_PROTOCOL,
-        )
+def _fatal(wid: int, stage: str, task: Optional[Task] = None) -> Fatal:
+    """The exception being handled, as the Fatal message the worker sends before it exits."""
+    exc = sys.exc_info()[1]
+    return Fatal(
+        worker_id=wid,
+        failure=capture_failure(wid, f"in DataLoader worker process {wid}"),
+        exit_code=_exit_code(exc),
+        stage=stage,
+        epoch_id=task.epoch_id if task is not None else None,
+        batch_index=task.batch_index if task is not None else None,
+        indices=task.indices if task is not None else None,
+    )
 
 
-def receive_all(conn) -> list:
-    """Every message of one write made by :func:`_send` or a worker's flush."""
-    data = conn.recv_bytes()
-    stream = io.BytesIO(data)
-    messages = []
-    while stream.tell() < len(data):
-        messages.append(pickle.load(stream))
-    return messages
+class _Ending(Exception):
+    """User code asked the worker to end (SystemExit, KeyboardInterrupt); carries the Fatal to send."""
+
+    def __init__(self, fatal: Fatal):
+        super().__init__(fatal.failure.exc_type_name)
+        self.fatal = fatal
 
 
-def receive(conn) -> Any:
-    """Read one message sent by :func:`_send` (either direction)."""
-    return pickle.loads(conn.recv_bytes())
+def _set_up(config: WorkerConfig) -> Any:
+    """Seed, answer get_worker_info, run worker_init_fn; the fetcher."""
+    rng.seed_global_generators(config.seed)
+    _set_worker_info(config)
+    if config.worker_init_fn is not None:
+        config.worker_init_fn(config.worker_id)
+    return make_fetcher(config.fetch, config.worker_id)
 
 
-def run_worker(config: WorkerConfig, task_conn, result_conn) -> None:
-    """Serve tasks until ``Stop``, end of the task pipe, or the parent's death."""
+def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
+    """Serve tasks until ``Stop``, the end of the task pipe, or the parent's
+    death; the exit code."""
     wid = config.worker_id
-    where = f"in DataLoader worker process {wid}"
+    stacks.install(config.fds.stack)
     try:
-        rng.seed_global_generators(config.seed)
-        _set_worker_info(config)
-        if config.worker_init_fn is not None:
-            config.worker_init_fn(wid)
-        fetcher = make_fetcher(config.fetch, config.worker_id)
-    except Exception:
-        _send(result_conn, InitFailed(wid, capture_failure(wid, where)))
-        return
-    _send(result_conn, Ready(wid))
-    writers = [SlotWriter(fd) for fd in config.slot_fds]
-    stop = StopFlag(config.stop_fd) if config.stop_fd is not None else None
-    noted = False
-    epoch_id = None
-    pending: deque = deque()
-    outbox: list[bytes] = []
+        fetcher = _set_up(config)
+    except BaseException:
+        return _send_fatal(result_fd, _fatal(wid, "start"))
+    if not _send(result_fd, pack(Ready(wid))):
+        return 0
+    writers = [SlotWriter(fd) for fd in config.fds.slots]
+    stop = StopFlag(config.fds.stop) if config.fds.stop is not None else None
+    serving = _Serving(config, fetcher)
     while True:
-        if not pending:
-            if outbox and not _flush(result_conn, outbox):
-                return
+        try:
+            payload = read_frame(task_fd)
+        except (EOFError, OSError):
+            return 0
+        try:
+            tasks = unpack(payload)
+        except BaseException:
+            return _send_fatal(result_fd, _fatal(wid, "read"))
+        for task in tasks:
+            if isinstance(task, Stop) or (stop is not None and stop.is_set()):
+                return 0
+            writer = writers[task.slot] if task.slot is not None else None
             try:
-                pending.extend(receive_all(task_conn))
-            except (EOFError, OSError):
-                return
-        task = pending.popleft()
-        if isinstance(task, Stop) or (stop is not None and stop.is_set()):
-            return
-        if task.epoch_id != epoch_id:
-            epoch_id = task.epoch_id
-            if config.fetch.iterable:
-                fetcher.restart(task.restore)
-        started = time.perf_counter()
-        writer = writers[task.slot] if task.slot is not None else None
-        message = _load(config, fetcher, task, writer, where)
-        if config.fetch.iterable and isinstance(message, (Batch, Exhausted)) and fetcher.stateful():
-            message = dataclasses.replace(message, worker_state=fetcher.state())
-        if writer is not None and writer.full and not noted and isinstance(message, Batch):
-            noted = True
-            message = dataclasses.replace(message, note=writer.full)
-        outbox.append(_result_bytes(message, task))
-        message = None  # let the batch go before the next task
-        if writer is not None:
-            writer.end()
-        # Quick batches with more tasks already queued travel together: one
-        # write and one wake-up of the main process for several.
-        quick = time.perf_counter() - started < _BATCHING_MAX_TASK_S
-        more = bool(pending) or task_conn.poll(0)
-        if not (quick and more and len(outbox) < _MAX_RESULTS_PER_MESSAGE):
-            if not _flush(result_conn, outbox):
-                return
+                result = serving.serve(task, writer)
+            except _Ending as ending:
+                return _send_fatal(result_fd, ending.fatal)
+            if not _send(result_fd, result):
+                return 0
 
 
-def _flush(conn, outbox: list) -> bool:
-    """Send the results gathered so far; False once the main process is gone."""
+def _send(fd: int, payload: bytes) -> bool:
+    """Send one frame; False once the main process is gone."""
     try:
-        conn.send_bytes(b"".join(outbox))
-    except (BrokenPipeError, OSError):
+        write_frame(fd, payload)
+    except OSError:
         return False
-    outbox.clear()
     return True
 
 
-def _load(config: WorkerConfig, fetcher: Any, task: Task, writer: Optional[SlotWriter], where: str) -> Any:
-    """Load one task into a result message: a Batch (arrays in the slot when
-    there is one), Exhausted, or TaskFailed."""
-    wid = config.worker_id
-    spec = config.fetch
-    allocate = None
-    if spec.collate_into is not None:
-        # conveyor's own collate: numpy leaves, straight into the slot if any;
-        # the main process converts to torch if the user asked for tensors.
-        allocate = writer.allocate if writer is not None else np.empty
-        if writer is not None and spec.auto_collation and not spec.iterable:
-            allocate = RowPlacer(writer, len(task.indices))
-    try:
-        if writer is not None:
-            writer.begin()
-        data = fetch_seeded(fetcher, task.indices, task.seed, allocate)
-        if writer is None:
-            return Batch(task.epoch_id, task.batch_index, wid, data)
-        encoded, used = encode(data, writer)
-        return Batch(task.epoch_id, task.batch_index, wid, encoded, used, writer.size)
-    except EndOfData:
-        return Exhausted(task.epoch_id, task.batch_index, wid)
-    except Exception:
+def _send_fatal(fd: int, fatal: Fatal) -> int:
+    _send(fd, pack(fatal))
+    return fatal.exit_code
+
+
+class _Serving:
+    """Loads one task at a time into a pickled result message."""
+
+    def __init__(self, config: WorkerConfig, fetcher: Any):
+        self.config = config
+        self.fetcher = fetcher
+        self.where = f"in DataLoader worker process {config.worker_id}"
+        self._epoch_id: Optional[int] = None
+        self._noted = False
+
+    def serve(self, task: Task, writer: Optional[SlotWriter]) -> bytes:
+        """The task's result, pickled: a Batch (arrays in the slot when there
+        is one), Exhausted, or TaskFailed. Raises _Ending for SystemExit and
+        KeyboardInterrupt in user code."""
+        try:
+            message = self._load(task, writer)
+            if writer is not None and writer.full and not self._noted and isinstance(message, Batch):
+                self._noted = True
+                message = dataclasses.replace(message, note=writer.full)
+            try:
+                return pack(message)
+            except Exception:  # e.g. a collate_fn's output that does not pickle
+                return pack(self._failed(task, "while sending its result to the main process"))
+        finally:
+            if writer is not None:
+                writer.end()
+
+    def _failed(self, task: Task, doing: str = "") -> TaskFailed:
+        wid = self.config.worker_id
+        where = f"{self.where} {doing}" if doing else self.where
         return TaskFailed(task.epoch_id, task.batch_index, wid, task.indices, capture_failure(wid, where))
 
+    def _load(self, task: Task, writer: Optional[SlotWriter]) -> Any:
+        config, fetcher, wid = self.config, self.fetcher, self.config.worker_id
+        iterable = config.fetch.iterable
+        try:
+            if task.epoch_id != self._epoch_id:
+                self._epoch_id = task.epoch_id
+                if iterable:
+                    fetcher.restart(task.restore)  # calls the dataset's __iter__, load_state_dict
+            if writer is not None:
+                writer.begin()
+            data = fetch_seeded(fetcher, task.indices, task.seed, _allocator(config.fetch, task, writer))
+            if writer is None:
+                message = Batch(task.epoch_id, task.batch_index, wid, data)
+            else:
+                encoded, used = encode(data, writer)
+                message = Batch(task.epoch_id, task.batch_index, wid, encoded, used, writer.size)
+        except EndOfData:
+            message = Exhausted(task.epoch_id, task.batch_index, wid)
+        except (SystemExit, KeyboardInterrupt):
+            raise _Ending(_fatal(wid, "task", task)) from None
+        except BaseException:
+            return self._failed(task)
+        if iterable:
+            try:
+                if fetcher.stateful():
+                    message = dataclasses.replace(message, worker_state=fetcher.state())
+            except (SystemExit, KeyboardInterrupt):
+                raise _Ending(_fatal(wid, "task", task)) from None
+            except BaseException:
+                return self._failed(task, "in state_dict()")
+        return message
 
-def _worker_main(config: WorkerConfig, task_conn, result_conn) -> None:
-    # Ctrl-C reaches the whole process group; the main process raises
-    # KeyboardInterrupt and stops the workers, so a worker leaves quietly.
+
+def _allocator(spec: FetchSpec, task: Task, writer: Optional[SlotWriter]) -> Any:
+    """Where collate puts arrays: conveyor's own collate writes numpy leaves
+    straight into the slot (samples placed row by row when it can); the main
+    process converts to torch if the user asked for tensors. None for a
+    user's collate_fn."""
+    if spec.collate_into is None:
+        return None
+    if writer is None:
+        return np.empty
+    if spec.auto_collation and not spec.iterable:
+        return RowPlacer(writer, len(task.indices))
+    return writer.allocate
+
+
+def _worker_main(config: WorkerConfig, task_fd: int, result_fd: int) -> None:
+    code = 0
     try:
         _start_parent_watch(config.parent_pid)
         _keep_freed_memory()
-        run_worker(config, task_conn, result_conn)
+        code = run_worker(config, task_fd, result_fd)
     except KeyboardInterrupt:
-        pass
+        # Ctrl-C reaches the whole process group; the main process raises
+        # KeyboardInterrupt and stops the workers, so a worker leaves quietly.
+        code = _INTERRUPTED_EXIT_CODE
     finally:
         # Skip interpreter teardown: nothing of the worker's needs it, and
         # it can hang on threads or buffers left by user code.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
 
 
-def fork_entry(config: WorkerConfig, task_conn, result_conn) -> None:
+def fork_entry(config: WorkerConfig, task_fd: int, result_fd: int) -> None:
     """Entry under ``fork``: close the main process's ends of every pipe
     this child inherited, so that end-of-file means what it says."""
     for fd in config.close_fds:
@@ -280,13 +354,13 @@ def fork_entry(config: WorkerConfig, task_conn, result_conn) -> None:
             os.close(fd)
         except OSError:
             pass
-    _worker_main(config, task_conn, result_conn)
+    _worker_main(config, task_fd, result_fd)
 
 
-def _config_failed(worker_id: int, result_conn) -> None:
-    _send(result_conn, InitFailed(worker_id, capture_failure(worker_id, f"in DataLoader worker process {worker_id}")))
-    sys.stderr.flush()
-    os._exit(0)
+def _config_failed(worker_id: int, result_fd: int) -> None:
+    """The config did not unpickle here: say so, then exit."""
+    code = _send_fatal(result_fd, _fatal(worker_id, "start"))
+    os._exit(code)
 
 
 def _release_forkserver_alive_fd() -> None:
@@ -305,34 +379,28 @@ def _release_forkserver_alive_fd() -> None:
         pass
 
 
-def pickled_entry(worker_id: int, payload: bytes, task_conn, result_conn, shared_fds: tuple = ()) -> None:
+def pickled_entry(worker_id: int, payload: bytes, task_fd: int, result_fd: int, shared_fds: tuple = ()) -> None:
     """Entry under ``forkserver``: the config arrives cloudpickled; the shared
-    memory descriptors (stop flag, then slots) arrive beside it, passed by
-    the forkserver and renumbered."""
+    descriptors (:class:`WorkerFds`) arrive beside it, passed by the
+    forkserver and renumbered."""
     _release_forkserver_alive_fd()
     try:
         config = pickle.loads(payload)
-        if shared_fds:
-            stop_fd, *slot_fds = (int(fd) for fd in shared_fds)
-            config = dataclasses.replace(config, stop_fd=stop_fd, slot_fds=tuple(slot_fds))
-    except Exception:
-        _config_failed(worker_id, result_conn)
-    _worker_main(config, task_conn, result_conn)
+        config = dataclasses.replace(config, fds=WorkerFds.from_tuple(shared_fds))
+    except BaseException:
+        _config_failed(worker_id, result_fd)
+    _worker_main(config, task_fd, result_fd)
 
 
 def spawn_main() -> None:
     """Entry of a worker in a fresh interpreter (``python -c``): file
     descriptors come in argv, then a header and the cloudpickled config
     arrive on the task pipe."""
-    from multiprocessing.connection import Connection
-
     task_fd, result_fd, worker_id = (int(a) for a in sys.argv[1:4])
-    task_conn = Connection(task_fd, writable=False)
-    result_conn = Connection(result_fd, readable=False)
     try:
-        header = receive(task_conn)
+        (header,) = unpack(read_frame(task_fd))
         sys.path[:] = header["sys_path"]
-        config = pickle.loads(task_conn.recv_bytes())
-    except Exception:
-        _config_failed(worker_id, result_conn)
-    _worker_main(config, task_conn, result_conn)
+        config = pickle.loads(read_frame(task_fd))
+    except BaseException:
+        _config_failed(worker_id, result_fd)
+    _worker_main(config, task_fd, result_fd)

@@ -1,0 +1,59 @@
+"""Where the workers' copies of an iterable dataset stand, for exact resume.
+
+Each worker holds its own copy of an iterable dataset. After every
+delivered batch the loader needs, to save its state: each copy's own state
+(when the dataset has ``state_dict``), which copies ran out this epoch, and
+whose turn is next in the round robin. A snapshot is a plain dict, the
+``worker_progress`` of ``DataLoader.state_dict()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+class IterableProgress:
+    """The workers' progress through an iterable dataset, as of the last
+    delivered batch."""
+
+    def __init__(self, num_workers: int, saved: Optional[dict] = None):
+        if saved is None:
+            self.states: list = [None] * num_workers
+            self.retired: list[int] = []
+            self.next_turn = 0
+        else:
+            self.states = list(saved["states"])
+            self.retired = list(saved["retired"])
+            self.next_turn = int(saved["next"])
+        #: Batch index -> (worker id, its state) of copies that ran out, until
+        #: delivery passes that batch.
+        self._exhausted_at: dict[int, tuple[int, Any]] = {}
+
+    def restore_points(self) -> dict[int, Any]:
+        """Worker id -> the state its copy resumes from (those with one)."""
+        return {wid: state for wid, state in enumerate(self.states) if state is not None}
+
+    def delivered(self, worker_id: int, state: Any) -> None:
+        """A batch of ``worker_id`` was delivered; its copy now stands at ``state``."""
+        if state is not None:
+            self.states[worker_id] = state
+        self.next_turn = (worker_id + 1) % len(self.states)
+
+    def exhausted(self, batch_index: int, worker_id: int, state: Any) -> None:
+        """``worker_id``'s copy ran out when asked for batch ``batch_index``."""
+        self._exhausted_at[batch_index] = (worker_id, state)
+
+    def passed(self, batch_index: int) -> None:
+        """Delivery passed batch ``batch_index``, which a copy that ran out left empty."""
+        found = self._exhausted_at.pop(batch_index, None)
+        if found is None:
+            return
+        worker_id, state = found
+        if state is not None:
+            self.states[worker_id] = state
+        if worker_id not in self.retired:
+            self.retired.append(worker_id)
+
+    def snapshot(self) -> dict:
+        """A copy as plain values (``worker_progress`` in DataLoader.state_dict)."""
+        return {"states": list(self.states), "retired": list(self.retired), "next": self.next_turn}

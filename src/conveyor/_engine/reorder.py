@@ -1,0 +1,66 @@
+"""The order in which finished batches reach the user.
+
+    results, in any order ──▶ ReorderBuffer ──▶ plan order (in_order=True)
+                                             └─▶ order of arrival (in_order=False)
+
+Batches of an iterable dataset that a worker could not fill (its copy ran
+out) are *retired*: they hold a place in the plan and are passed over.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Optional
+
+
+class ReorderBuffer:
+    """Holds finished batches until their turn.
+
+    ``put`` takes a finished batch's record, ``retire`` a planned batch
+    that will never come; ``take`` gives the next record to deliver, or
+    None. ``on_retired(index)`` is called as delivery passes a retired batch
+    in plan order (iterable datasets track which workers ran out by it).
+    """
+
+    def __init__(
+        self,
+        in_order: bool,
+        first_index: int = 0,
+        skip: frozenset = frozenset(),
+        on_retired: Optional[Callable[[int], None]] = None,
+    ):
+        self.in_order = in_order
+        #: The batch index delivered next (in plan order).
+        self.next_index = first_index
+        self._ready: dict[int, Any] = {}
+        self._retired: set[int] = set(skip)
+        self._arrivals: deque[int] = deque()
+        self._on_retired = on_retired
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def put(self, index: int, record: Any) -> None:
+        self._ready[index] = record
+        self._arrivals.append(index)
+
+    def retire(self, index: int) -> None:
+        self._retired.add(index)
+        self._arrivals.append(index)
+
+    def take(self) -> Optional[Any]:
+        if not self.in_order:
+            while self._arrivals:
+                record = self._ready.pop(self._arrivals.popleft(), None)
+                if record is not None:
+                    return record
+            return None
+        while self.next_index in self._retired:
+            self._retired.discard(self.next_index)
+            if self._on_retired is not None:
+                self._on_retired(self.next_index)
+            self.next_index += 1
+        record = self._ready.pop(self.next_index, None)
+        if record is not None:
+            self.next_index += 1
+        return record
