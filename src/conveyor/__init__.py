@@ -30,7 +30,9 @@ from .sampler import (
     TokenBudgetBatchSampler,
     WeightedRandomSampler,
 )
+from ._engine.errors import TransportError, WorkerDiedError
 from ._engine.info import WorkerInfo, get_worker_info
+from ._engine.watchdog import StallWarning
 from .sharding import ShardedIterable
 from .state import Stateful
 
@@ -50,12 +52,15 @@ __all__ = [
     "SequentialSampler",
     "ShardedIterable",
     "StackDataset",
+    "StallWarning",
     "Stateful",
     "Subset",
     "SubsetRandomSampler",
     "TensorDataset",
     "TokenBudgetBatchSampler",
+    "TransportError",
     "WeightedRandomSampler",
+    "WorkerDiedError",
     "WorkerInfo",
     "default_collate",
     "default_convert",

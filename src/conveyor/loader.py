@@ -31,7 +31,8 @@ from . import collate as _collate
 from . import rng
 from . import sampler as _sampler
 from . import state as _state
-from ._engine.executor import Delivered, InProcessExecutor, PlannedBatch, ProcessConfig, ProcessExecutor
+from ._engine.executor import Delivered, InProcessExecutor, PlannedBatch
+from ._engine.process_executor import ProcessConfig, ProcessExecutor
 from ._engine.fetch import FetchSpec, collate_route
 from ._engine.launch import START_METHODS, resolve_start_method
 from ._engine.pin import PinThread, pin_tree

@@ -34,6 +34,8 @@ from . import sampler as _sampler
 from . import sharding as _sharding
 from .state import Stateful  # noqa: F401  (re-exported)
 from ._engine.info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
+from ._engine.errors import TransportError, WorkerDiedError  # noqa: F401  (re-exported)
+from ._engine.watchdog import StallWarning  # noqa: F401  (re-exported)
 
 #: The core's public names (each given its torch flavour below), less the
 #: core-only seed helper, plus torchdata's loader name.

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import cloudpickle
 
-from .messages import Failure
+from .messages import Failure, Fatal
 
 #: Reasons shown next to a signal that killed a worker.
 _SIGNAL_HINTS = {
@@ -182,3 +182,69 @@ def describe_indices(indices: Any, limit: int = 16) -> str:
         more = f", ... ({len(indices)} in all)" if len(indices) > limit else ""
         return f"sample indices [{shown}{more}]"
     return f"sample index {indices}"
+
+
+def describe_error(exc: BaseException) -> str:
+    """``TypeName: message``, even when the message cannot be printed."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<its message could not be printed>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """Add a line to ``error``'s traceback (Python 3.11+; nothing before)."""
+    add = getattr(error, "add_note", None)
+    if add is not None:
+        try:
+            add(note)
+        except Exception:
+            pass
+
+
+#: Raised by user code to end the process: reported as the worker's end,
+#: never rebuilt and raised in the main process.
+_ENDING_TYPES = ("SystemExit", "KeyboardInterrupt")
+
+
+def worker_ended_error(fatal: Fatal, pid: int) -> Optional[WorkerDiedError]:
+    """The error for ``SystemExit``/``KeyboardInterrupt`` raised in user code
+    (None for any other Fatal): torch's words for the exit, then what was
+    raised, where, and the worker's traceback."""
+    failure = fatal.failure
+    if failure.exc_type_name not in _ENDING_TYPES:
+        return None
+    if fatal.batch_index is not None:
+        doing = f"while loading batch {fatal.batch_index} ({describe_indices(fatal.indices)})"
+    else:
+        doing = "while starting"
+    error = WorkerDiedError(
+        f"DataLoader worker (pid(s) {pid}) exited unexpectedly with exit code {fatal.exit_code}: "
+        f"{failure.exc_type_name} was raised {failure.where} {doing} (conveyor: worker {fatal.worker_id}).\n"
+        f"Original {failure.traceback_text}"
+    )
+    error.exit_code = fatal.exit_code
+    error.__cause__ = rebuild_exception(failure)
+    return error
+
+
+def death_error(pid: int, exitcode: Optional[int], worker_id: int, doing: str, crash_stack: str) -> WorkerDiedError:
+    """A worker that died: how (signal or code), what it was doing, and its
+    Python stack if it crashed."""
+    text = f"{describe_exit(pid, exitcode)} (conveyor: worker {worker_id}. {doing})"
+    if crash_stack:
+        text += f"\nIts Python stack when it crashed:\n{crash_stack}"
+    return WorkerDiedError(text)
+
+
+def transport_error(doing: str, what: str, worker: str, cause: BaseException) -> TransportError:
+    """A message that could not cross: ``doing`` ("could not send the task
+    of") ``what`` ("batch 3 (sample indices [6, 7])") for/from ``worker``."""
+    direction = "for" if "task" in doing else "from"
+    error = TransportError(
+        f"conveyor: {doing} {what} {direction} {worker}: {describe_error(cause)}. The loader stopped "
+        f"its workers; the cause is chained below."
+    )
+    error.__cause__ = cause
+    return error

@@ -1,9 +1,11 @@
-"""The worker processes of one executor: start them, watch them, stop them.
+"""The worker processes of one executor, and what they share: start them,
+watch them, stop them.
 
-    start_workers ──▶ WorkerHandle 0..N-1: process, pipes, stack file, tasks outstanding
-    Poller ──────────▶ one poll over every result pipe, every sentinel, and the
-                       task pipes that have bytes waiting for room
-    stop_workers ───▶ stop flag + Stop ──▶ drain ──▶ grace ──▶ kill ──▶ reap ──▶ close
+    WorkerPool.start ──▶ slots (SlotPool) + stop flag, then WorkerHandle 0..N-1:
+                         process, pipes, stack file, tasks outstanding
+    Poller ────────────▶ one poll over every result pipe, every sentinel, and the
+                         task pipes that have bytes waiting for room
+    WorkerPool.stop ───▶ stop flag + Stop ──▶ drain ──▶ grace ──▶ kill ──▶ reap ──▶ close
 
 The executor decides what each worker does; this module only knows how to
 reach them and how to end them.
@@ -13,9 +15,9 @@ from __future__ import annotations
 
 import enum
 import math
-import os
 import select
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -25,6 +27,7 @@ from .stacks import StackFile
 from .worker import WorkerConfig, WorkerFds
 from .wire import pack
 from .messages import Stop
+from .shm import SlotPool, StopFlag
 
 #: After Stop, how long workers get to finish and exit before they are killed.
 #: Short: workers hold nothing that needs a graceful end, and users wait on it.
@@ -202,3 +205,90 @@ def stop_workers(workers: list[WorkerHandle]) -> None:
         w.process.close()
         if w.stack is not None:
             w.stack.close()
+
+
+class WorkerPool:
+    """The workers of one executor and what they share.
+
+    Ownership: the pool creates the slots, the stop flag and one stack file
+    per worker before the workers start, and closes them in :meth:`stop`
+    (batches the user holds stay valid: their mappings outlive the
+    descriptors). ``slots`` and ``stop_flag`` are None where memfd is
+    unavailable: batches then travel through the pipes.
+    """
+
+    def __init__(self) -> None:
+        self.workers: list[WorkerHandle] = []
+        self.poller = Poller()
+        self.slots: Optional[SlotPool] = None
+        self.stop_flag: Optional[StopFlag] = None
+
+    def start(
+        self,
+        method: str,
+        make_config: Callable[[int, WorkerFds, tuple], WorkerConfig],
+        num_workers: int,
+        num_slots: int,
+    ) -> None:
+        """Make the shared memory, start the workers and watch them; on a
+        failure, stop what started and raise."""
+        try:
+            self.slots = SlotPool(num_slots)
+        except OSError as exc:
+            warnings.warn(
+                f"conveyor: shared memory (memfd_create) is unavailable here ({exc}); batches travel "
+                f"through pipes instead (same data, slower).",
+                stacklevel=6,
+            )
+        try:
+            self.stop_flag = StopFlag() if self.slots is not None else None
+            self.workers = start_workers(
+                method,
+                make_config,
+                num_workers,
+                self.stop_flag.fd if self.stop_flag is not None else None,
+                tuple(self.slots.fds) if self.slots is not None else (),
+                with_stacks=self.slots is not None,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        for worker in self.workers:
+            self.poller.watch(worker)
+
+    def lend_slot(self) -> Optional[int]:
+        return self.slots.lend() if self.slots is not None else None
+
+    def give_back(self, slot: Optional[int]) -> None:
+        """Return a slot that a message did not fill, or whose batch is dropped."""
+        if self.slots is not None:
+            self.slots.give_back(slot)
+
+    def stop(self) -> None:
+        """1. raise the shared stop flag (workers skip their queued tasks);
+        2. stop the processes (:func:`stop_workers`); 3. close the shared
+        memory. Safe to call twice."""
+        workers, self.workers = self.workers, []
+        if self.stop_flag is not None:
+            self.stop_flag.set()  # 1
+        for worker in workers:
+            self.poller.forget(worker)
+        if workers:
+            stop_workers(workers)  # 2
+        self._close_shared()  # 3
+
+    def let_go(self) -> None:
+        """In a forked child: close this process's copies of the descriptors,
+        and touch nothing the parent's workers see (no flag, no Stop, no kill)."""
+        workers, self.workers = self.workers, []
+        for worker in workers:
+            worker.channels.close()
+            if worker.stack is not None:
+                worker.stack.close()
+        self._close_shared()
+
+    def _close_shared(self) -> None:
+        if self.slots is not None:
+            self.slots.close()
+        if self.stop_flag is not None:
+            self.stop_flag.close()

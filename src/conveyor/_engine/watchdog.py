@@ -29,7 +29,9 @@ class BusyWorker:
     worker: str  # "worker 0 (pid 123)"
     doing: str  # "loading batch 3 (sample indices [6, 7])"
     busy_s: float
-    stack: str
+    stack: str = ""
+    #: Batch indices of this epoch it has been given, the one in hand first.
+    queued: tuple = ()
 
 
 class StallWatchdog:
@@ -75,6 +77,20 @@ class StallWatchdog:
             lines.append(f"{entry.worker} has been {entry.doing} for {entry.busy_s:.0f} s. Its stack:")
             lines.append(_indent(entry.stack) if entry.stack else "    (unavailable)")
         return "\n".join(lines)
+
+
+def late_text(busy: list[BusyWorker], wanted: Optional[int], wanted_indices: str) -> str:
+    """For a timeout: which batch the loop waits for (``wanted``, in plan
+    order; None when batches come as they are ready) and who has what."""
+    parts = []
+    if wanted is not None:
+        parts.append(f"waiting for batch {wanted}" + (f" ({wanted_indices})" if wanted_indices else ""))
+    for entry in busy:
+        text = f"{entry.worker} has been {entry.doing} for {entry.busy_s:.1f} s"
+        if wanted is not None and wanted in entry.queued[1:]:
+            text += f"; batch {wanted}, the one the loop waits for, is queued behind it"
+        parts.append(text)
+    return "; ".join(parts) if parts else "no worker had a batch in hand"
 
 
 def _indent(text: str) -> str:

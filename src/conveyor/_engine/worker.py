@@ -42,7 +42,7 @@ from . import info as _info
 from . import stacks
 from .errors import capture_failure
 from .fetch import EndOfData, FetchSpec, fetch_seeded, make_fetcher
-from .info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
+from .info import WorkerInfo
 from .messages import Batch, Exhausted, Fatal, Ready, Stop, Task, TaskFailed
 from .rows import RowPlacer
 from .shm import SlotWriter, StopFlag, encode

@@ -1,0 +1,533 @@
+"""The executor that runs fetch + collate in worker processes.
+
+    plan ──▶ dispatch ──Tasks (slot k)──▶ workers (pool.py) ──results──▶ collect
+         ──▶ views on slot k (SlotPool.decode) ──▶ ReorderBuffer ──▶ Delivered
+
+Actors:
+  * dispatch: keeps ``prefetch_factor × num_workers`` batches between plan
+    and delivery, each task with a free shared-memory slot; a round's tasks
+    for one worker travel in one frame. Writes never wait (wire.py): what a
+    full pipe does not take is written when ``poll`` says there is room.
+  * collect: one ``poll`` over every result pipe, every worker's sentinel
+    and the task pipes with bytes waiting, so a dead worker is noticed the
+    moment it dies; nothing is delivered before every worker said Ready (a
+    failing ``worker_init_fn`` comes first).
+  * reorder: in plan order (``in_order=True``) or as batches arrive.
+  * watch: the stall watchdog warns when nothing has arrived for a while;
+    ``timeout`` makes a late batch an error naming it.
+  * one failure path (``_fail``) and one idempotent shutdown (``shutdown``).
+
+A failure of one batch (the user's exception, a conversion to tensors) is
+that batch's ``Delivered.error`` and the pool carries on, as in torch;
+anything that breaks the pool (a dead worker, a message that cannot cross)
+stops every worker and is raised by every later ``next_batch``.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import itertools
+import os
+import pickle
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+from .errors import (
+    add_note,
+    death_error,
+    describe_indices,
+    rebuild_exception,
+    transport_error,
+    worker_ended_error,
+)
+from .executor import Delivered, PlannedBatch
+from .fetch import FetchSpec
+from .messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
+from .pickling import check_picklable
+from .pool import REAP_TIMEOUT_S, Event, Sent, WorkerHandle, WorkerPool
+from .progress import IterableProgress
+from .reorder import ReorderBuffer
+from .shm import SPARE_SLOTS, torch_from_numpy
+from .watchdog import BusyWorker, StallWarning, StallWatchdog, late_text
+from .worker import WorkerConfig, WorkerFds
+
+
+class Lifecycle(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    BROKEN = "broken"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class ProcessConfig:
+    """How to run the pool; built by the DataLoader from its arguments."""
+
+    spec: FetchSpec
+    num_workers: int
+    start_method: str
+    prefetch_factor: int
+    in_order: bool
+    timeout_s: float  # as the user gave it (torch's message repeats it verbatim)
+    worker_init_fn: Optional[Callable[[int], None]]
+    base_seed: int
+    #: Warn when nothing has arrived for this long while waiting (0: never).
+    stall_warning_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class _Finished:
+    """A batch back from a worker, waiting for its turn."""
+
+    index: int
+    worker_id: int
+    data: Any = None
+    error: Optional[BaseException] = None
+    worker_state: Any = None
+
+
+class ProcessExecutor:
+    """Runs fetch + collate in worker processes.
+
+    Keeps at most ``prefetch_factor × num_workers`` batches between dispatch
+    and delivery; delivers in plan order (``in_order=True``) or as batches
+    complete. Belongs to the process that created it: a forked child of
+    that process can neither use it nor stop its workers.
+    """
+
+    def __init__(self, config: ProcessConfig):
+        self.config = config
+        self.state = Lifecycle.NEW
+        self._owner_pid = os.getpid()
+        self._pool = WorkerPool()
+        self._error: Optional[BaseException] = None
+        #: Workers that have not said Ready yet; nothing is delivered until none.
+        self._starting: set[int] = set()
+        self._watchdog = StallWatchdog(config.stall_warning_s)
+        self._noted = False
+        # The pass in progress (begin_epoch).
+        self._epoch_id = -1
+        self._tasks: Iterator[PlannedBatch] = iter(())
+        self._plan_done = True
+        #: Batches sent to a worker and not answered yet.
+        self._pending: dict[int, PlannedBatch] = {}
+        self._reorder = ReorderBuffer(config.in_order)
+        self._progress: Optional[IterableProgress] = None
+        self._restore: dict[int, Any] = {}
+        self._cycle = itertools.count()
+
+    # ----------------------------------------------------------------- start
+    def start(self) -> None:
+        """Check that what travels can be pickled, then start every worker."""
+        cfg = self.config
+        if cfg.start_method != "fork":
+            check_picklable(
+                {"dataset": cfg.spec.dataset, "collate_fn": cfg.spec.collate_fn, "worker_init_fn": cfg.worker_init_fn},
+                cfg.start_method,
+            )
+        try:
+            self._pool.start(
+                cfg.start_method, self._worker_config, cfg.num_workers, cfg.prefetch_factor * cfg.num_workers + SPARE_SLOTS
+            )
+        except BaseException:
+            self.shutdown()
+            raise
+        self._starting = {worker.id for worker in self._workers}
+        self.state = Lifecycle.RUNNING
+
+    def _worker_config(self, wid: int, fds: WorkerFds, close_fds: tuple) -> WorkerConfig:
+        cfg = self.config
+        return WorkerConfig(
+            worker_id=wid,
+            num_workers=cfg.num_workers,
+            seed=(cfg.base_seed + wid) & ((1 << 63) - 1),
+            fetch=cfg.spec,
+            worker_init_fn=cfg.worker_init_fn,
+            parent_pid=self._owner_pid if cfg.start_method != "forkserver" else None,
+            close_fds=close_fds,
+            fds=fds,
+        )
+
+    @property
+    def _workers(self) -> list[WorkerHandle]:
+        return self._pool.workers
+
+    # ----------------------------------------------------------------- epoch
+    def begin_epoch(
+        self,
+        epoch_id: int,
+        tasks: Iterator[PlannedBatch],
+        first_index: int = 0,
+        skip: frozenset = frozenset(),
+        workers_resume: Optional[dict] = None,
+    ) -> None:
+        """Start a new pass; results of an abandoned pass are dropped on arrival.
+
+        A resumed epoch's plan starts at batch ``first_index`` and leaves out
+        the batches in ``skip`` (delivered before the resume, with
+        ``in_order=False``); in-order delivery starts at ``first_index`` and
+        passes over ``skip``. For an iterable dataset, ``workers_resume`` (a
+        saved ``worker_progress``) puts each worker's copy back where it
+        stood, retires the workers that had run out and gives the next turn
+        to the worker whose turn it was.
+        """
+        self._raise_if_unusable()
+        self._epoch_id = epoch_id
+        self._tasks = tasks
+        self._plan_done = False
+        self._pending.clear()
+        self._cycle = itertools.count()  # round robin starts at worker 0, as torch's
+        for worker in self._workers:
+            worker.active = True
+        self._progress = None
+        self._restore = {}
+        if self.config.spec.iterable:
+            self._progress = IterableProgress(len(self._workers), workers_resume)
+            if workers_resume is not None:
+                self._cycle = itertools.count(self._progress.next_turn)
+                self._restore = self._progress.restore_points()
+                for wid in self._progress.retired:
+                    self._workers[wid].active = False
+        on_retired = self._progress.passed if self._progress is not None else None
+        self._reorder = ReorderBuffer(self.config.in_order, first_index, skip, on_retired)
+
+    def next_batch(self) -> Delivered:
+        """The next batch of this epoch; StopIteration at its end."""
+        self._check_owner()
+        self._raise_if_unusable()
+        deadline = time.monotonic() + self.config.timeout_s if self.config.timeout_s > 0 else None
+        self._watchdog.waiting()
+        try:
+            while True:
+                self._raise_if_unusable()  # shut down meanwhile (from another thread)
+                if not self._starting:
+                    finished = self._reorder.take()
+                    if finished is not None:
+                        return self._delivered(finished)
+                self._dispatch()
+                if self._plan_done and not self._pending and not len(self._reorder):
+                    raise StopIteration
+                self._wait(deadline)
+        except KeyboardInterrupt:
+            self.shutdown()
+            raise
+
+    def _delivered(self, finished: _Finished) -> Delivered:
+        progress = self._progress
+        if progress is None:
+            return Delivered(finished.index, finished.data, finished.error)
+        progress.delivered(finished.worker_id, finished.worker_state)
+        return Delivered(finished.index, finished.data, finished.error, progress.snapshot())
+
+    # ------------------------------------------------------------- dispatch
+    def _dispatch(self) -> None:
+        """Fill the window; the tasks of one round go to each worker in one frame."""
+        limit = self.config.prefetch_factor * self.config.num_workers
+        batches: dict[int, list[Task]] = {}
+        try:
+            while not self._plan_done and len(self._pending) + len(self._reorder) < limit:
+                worker = self._choose_worker()
+                if worker is None:
+                    if not any(w.active for w in self._workers):
+                        self._plan_done = True
+                    break
+                try:
+                    planned = next(self._tasks)  # the user's sampler runs here
+                except StopIteration:
+                    self._plan_done = True
+                    break
+                batches.setdefault(worker.id, []).append(self._assign(worker, planned))
+        finally:  # (also when the sampler raised: what was booked must be sent)
+            for wid, tasks in batches.items():
+                self._send_tasks(self._workers[wid], tasks)
+
+    def _choose_worker(self) -> Optional[WorkerHandle]:
+        active = [w for w in self._workers if w.active and not w.exited]
+        if not active:
+            return None
+        turn = next(self._cycle)
+        if self.config.spec.iterable:
+            # Round robin over all workers, skipping retired ones, as torch:
+            # which worker serves a batch decides its content.
+            count = len(self._workers)
+            for step in range(count):
+                worker = self._workers[(turn + step) % count]
+                if worker.active and not worker.exited:
+                    self._cycle = itertools.count(turn + step + 1)
+                    return worker
+        # Map-style: the least busy worker; content does not depend on it.
+        return min(active, key=lambda w: (len(w.outstanding), (w.id - turn) % len(self._workers)))
+
+    def _assign(self, worker: WorkerHandle, planned: PlannedBatch) -> Task:
+        """Book a task for ``worker`` (a slot, its place in the queues)."""
+        slot = self._pool.lend_slot()
+        if not worker.outstanding:
+            worker.busy_since = time.monotonic()
+        worker.outstanding.append(Sent(self._epoch_id, planned.batch_index, slot))
+        self._pending[planned.batch_index] = planned
+        restore = self._restore.pop(worker.id, None)
+        return Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices, slot, restore)
+
+    def _send_tasks(self, worker: WorkerHandle, tasks: list[Task]) -> None:
+        parts = []
+        for task in tasks:
+            try:
+                parts.append(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
+            except Exception as exc:
+                self._break(worker, task.batch_index, "could not send the task of", exc)
+        try:
+            worker.channels.tasks.put(b"".join(parts))
+        except BrokenPipeError:
+            pass  # it is gone: its sentinel tells how, once what it sent is read
+        self._pool.poller.want_room(worker)
+
+    # ------------------------------------------------------------- collect
+    def _wait(self, deadline: Optional[float]) -> None:
+        """Wait for a result, a worker's exit, room in a task pipe, the
+        deadline or the watchdog, and take it in."""
+        if not self._pool.poller.watched:
+            raise RuntimeError("every DataLoader worker has stopped; nothing is left to wait for")
+        events = self._pool.poller.wait(self._wait_timeout_s(deadline))
+        if not events:
+            if deadline is not None and time.monotonic() >= deadline:
+                self._on_timeout()
+            if self._watchdog.due():
+                self._warn_stall()
+            return
+        exited = []
+        for worker, event in events:
+            if event is Event.WRITABLE:
+                self._flush(worker)
+            elif event is Event.RESULT:
+                self._receive(worker)
+            else:
+                exited.append(worker)
+        for worker in exited:
+            self._receive(worker, to_end=True)
+            self._on_worker_exit(worker)
+
+    def _wait_timeout_s(self, deadline: Optional[float]) -> Optional[float]:
+        waits = [self._watchdog.remaining_s()]
+        if deadline is not None:
+            waits.append(max(0.0, deadline - time.monotonic()))
+        waits = [w for w in waits if w is not None]
+        return min(waits) if waits else None
+
+    def _flush(self, worker: WorkerHandle) -> None:
+        try:
+            worker.channels.tasks.flush()
+        except BrokenPipeError:
+            pass  # as in _send_tasks
+        self._pool.poller.want_room(worker)
+
+    def _receive(self, worker: WorkerHandle, to_end: bool = False) -> None:
+        """Take what the worker has sent: what one read gives, or (once it
+        has exited) everything up to the end of its pipe."""
+        while True:
+            try:
+                payloads = worker.channels.results.read()
+            except EOFError:
+                self._pool.poller.forget_results(worker)
+                return
+            for payload in payloads:
+                self._handle(worker, self._unpickle(worker, payload))
+            if not (to_end and payloads):
+                return
+
+    def _unpickle(self, worker: WorkerHandle, payload: Any) -> Any:
+        try:
+            return pickle.loads(payload)
+        except Exception as exc:
+            sent = worker.current(self._epoch_id)
+            self._break(worker, sent.batch_index if sent else None, "could not read the result of", exc)
+
+    def _handle(self, worker: WorkerHandle, message: Any) -> None:
+        if isinstance(message, Ready):
+            self._starting.discard(message.worker_id)
+            return
+        if isinstance(message, Fatal):
+            self._on_fatal(worker, message)
+        sent = worker.outstanding.popleft() if worker.outstanding else None
+        worker.busy_since = time.monotonic()  # it starts on its next task now
+        self._watchdog.arrived()
+        if sent is None or message.epoch_id != self._epoch_id or message.batch_index not in self._pending:
+            self._pool.give_back(sent.slot if sent is not None else None)
+            return  # a result of an abandoned epoch
+        planned = self._pending.pop(message.batch_index)
+        index = message.batch_index
+        if isinstance(message, Batch):
+            data, error = self._decode(worker, sent, planned, message)
+            self._reorder.put(index, _Finished(index, worker.id, data, error, message.worker_state))
+            return
+        self._pool.give_back(sent.slot)
+        if isinstance(message, Exhausted):
+            worker.active = False
+            if self._progress is not None:
+                self._progress.exhausted(index, worker.id, message.worker_state)
+            self._reorder.retire(index)
+        elif isinstance(message, TaskFailed):
+            context = f"(conveyor: worker pid {message.failure.pid}, batch {index}, {describe_indices(planned.indices)})"
+            error = rebuild_exception(message.failure, context)
+            for name, value in (("batch_index", index), ("indices", planned.indices)):
+                try:
+                    setattr(error, name, value)
+                except Exception:
+                    pass
+            self._reorder.put(index, _Finished(index, worker.id, error=error))
+
+    def _decode(self, worker: WorkerHandle, sent: Sent, planned: PlannedBatch, message: Batch) -> tuple[Any, Any]:
+        """(the batch as the user gets it: views on the slot, tensors if
+        asked; None) or, when the conversion to tensors fails, (None, that
+        batch's error). Failing to map the slot breaks the pool."""
+        if message.note and not self._noted:
+            self._noted = True
+            warnings.warn(
+                f"conveyor: {message.note}. Batches that do not fit travel through pipes instead (same "
+                f"data, slower). Free memory, or lower batch_size, prefetch_factor or num_workers.",
+                stacklevel=5,
+            )
+        if sent.slot is None or message.used == 0:
+            self._pool.give_back(sent.slot)
+            data = message.data
+        else:
+            try:
+                data = self._pool.slots.decode(message.data, sent.slot, message.slot_size, message.used, torch_from_numpy)
+            except Exception as exc:
+                self._break(worker, message.batch_index, "could not map the shared memory of", exc)
+        if not self.config.spec.to_torch:
+            return data, None
+        from ..collate import to_torch
+
+        try:
+            return to_torch(data), None
+        except Exception as error:
+            add_note(
+                error,
+                f"(conveyor: while turning batch {message.batch_index} ({describe_indices(planned.indices)}) "
+                f"from {worker.describe()} into torch tensors)",
+            )
+            return None, error
+
+    # ------------------------------------------------------------- watching
+    def _doing(self, worker: WorkerHandle) -> Optional[str]:
+        if worker.id in self._starting:
+            return "starting (imports, seeding, worker_init_fn)"
+        sent = worker.current(self._epoch_id)
+        if sent is None or sent.batch_index not in self._pending:
+            return None
+        return f"loading batch {sent.batch_index} ({describe_indices(self._pending[sent.batch_index].indices)})"
+
+    def _busy(self, with_stacks: bool = False) -> list[BusyWorker]:
+        """What each worker with something in hand is doing."""
+        now = time.monotonic()
+        busy = []
+        for worker in self._workers:
+            doing = self._doing(worker)
+            if doing is None:
+                continue
+            queued = tuple(s.batch_index for s in worker.outstanding if s.epoch_id == self._epoch_id)
+            stack = worker.stack.request(worker.process.pid) if with_stacks and worker.stack is not None else ""
+            busy.append(BusyWorker(worker.describe(), doing, now - worker.busy_since, stack, queued))
+        return busy
+
+    def _warn_stall(self) -> None:
+        warnings.warn(self._watchdog.report(self._busy(with_stacks=True)), StallWarning, stacklevel=5)
+
+    def _on_timeout(self) -> None:
+        # Terminal, unlike torch: something is stuck, and the workers are
+        # stopped now rather than whenever the traceback lets the iterator go.
+        wanted = self._reorder.next_index if self.config.in_order else None
+        planned = self._pending.get(wanted) if wanted is not None else None
+        wanted_text = describe_indices(planned.indices) if planned is not None else ""
+        self._fail(
+            RuntimeError(
+                f"DataLoader timed out after {self.config.timeout_s} seconds. (conveyor: {late_text(self._busy(), wanted, wanted_text)}. "
+                f"The workers were stopped; raise timeout=, or look for a slow or stuck sample.)"
+            )
+        )
+
+    # ------------------------------------------------------------- failures
+    def _on_fatal(self, worker: WorkerHandle, fatal: Fatal) -> None:
+        """User code ended the worker (set-up failed, SystemExit, KeyboardInterrupt)."""
+        ended = worker_ended_error(fatal, worker.process.pid)
+        if ended is not None:
+            self._fail(ended)
+        error = rebuild_exception(fatal.failure)
+        if fatal.stage == "read":
+            sent = worker.current(self._epoch_id)
+            self._break(worker, sent.batch_index if sent else None, "could not read the task of", error)
+        context = f"(conveyor: while starting worker {worker.id}, pid {worker.process.pid})"
+        self._fail(rebuild_exception(fatal.failure, context))
+
+    def _on_worker_exit(self, worker: WorkerHandle) -> None:
+        worker.exited = True
+        self._pool.poller.forget(worker)
+        worker.process.join(REAP_TIMEOUT_S)
+        if self.state is not Lifecycle.RUNNING:
+            return
+        sent = worker.current(self._epoch_id)
+        if sent is not None and sent.batch_index in self._pending:
+            what = f"batch {sent.batch_index} ({describe_indices(self._pending[sent.batch_index].indices)})"
+            doing = f"It was sending the result of {what}." if worker.channels.results.partial else f"It was loading {what}."
+        else:
+            doing = "It had no batch in hand."
+        crash = worker.stack.crash_text() if worker.stack is not None else ""
+        self._fail(death_error(worker.process.pid, worker.process.exitcode, worker.id, doing, crash))
+
+    def _break(self, worker: WorkerHandle, batch_index: Optional[int], doing: str, cause: BaseException) -> None:
+        """A message could not cross between this process and ``worker``."""
+        planned = self._pending.get(batch_index) if batch_index is not None else None
+        what = f"batch {batch_index}" if batch_index is not None else "a batch"
+        if planned is not None:
+            what += f" ({describe_indices(planned.indices)})"
+        self._fail(transport_error(doing, what, worker.describe(), cause))
+
+    def _fail(self, error: BaseException) -> None:
+        """The one failure path: remember, stop everything, raise; later
+        calls raise the same error."""
+        self._error = error
+        self.state = Lifecycle.BROKEN
+        self._pool.stop()
+        raise self._fresh_error()
+
+    @property
+    def broken(self) -> bool:
+        return self._error is not None
+
+    def _fresh_error(self) -> BaseException:
+        """A copy of the stored error to raise. The stored one is never raised
+        itself: a traceback on it would hold the frames (iterator, loader)
+        of the call that raised it, and the executor would keep them alive."""
+        try:
+            error = copy.copy(self._error)
+        except Exception:
+            return self._error
+        error.__cause__ = self._error.__cause__
+        return error
+
+    def _raise_if_unusable(self) -> None:
+        if self._error is not None:
+            raise self._fresh_error()
+        if self.state is Lifecycle.CLOSED:
+            raise RuntimeError("this DataLoader iterator has been shut down; start a new one with iter(loader)")
+
+    def _check_owner(self) -> None:
+        if os.getpid() != self._owner_pid:
+            raise RuntimeError(
+                f"this DataLoader iterator belongs to process {self._owner_pid}, whose workers a forked "
+                f"child cannot use; start a new iterator (iter(loader)) in this process"
+            )
+
+    # ------------------------------------------------------------- shutdown
+    def shutdown(self) -> None:
+        """Stop the pool. Safe to call twice, from a finalizer, at exit, or
+        in a forked child (which only lets go of its copies)."""
+        if self.state is not Lifecycle.BROKEN:
+            self.state = Lifecycle.CLOSED
+        if os.getpid() != self._owner_pid:
+            self._pool.let_go()
+            return
+        self._pool.stop()
