@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean setup
+.PHONY: demo test coverage bench clean setup
 
 setup: $(STAMP)
 
@@ -20,8 +20,16 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The suite under coverage.py, workers included (see [tool.coverage.run] in
+# pyproject.toml); the report is printed even when a test fails.
+coverage: $(STAMP)
+	rm -f .coverage .coverage.*
+	$(PY) -m coverage run -m pytest -q; status=$$?; \
+	$(PY) -m coverage combine -q && $(PY) -m coverage report; \
+	exit $$status
+
 bench: $(STAMP)
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .coverage .coverage.*

@@ -21,11 +21,16 @@ Workloads:
   f  resume: time to the first batch after resuming at 10% and 90% of an
      epoch of 100,000 samples, against torch's only way (iterate and discard)
      and torchdata's StatefulDataLoader when installed (bench/resume.py).
+  g  torch-op augmentations: a synthetic uint8 image made in __getitem__,
+     random resized crop (F.interpolate to 224), flip, to float, normalize,
+     batch 32, 2 workers (fork); the main process keeps torch's default
+     thread count, as a training script does. samples/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -94,6 +99,31 @@ def run_images(kind: str, root: str) -> float:
     for images, labels in it:
         count += len(labels)
     return count / (time.perf_counter() - start)
+
+
+def run_torch_augmented(kind: str, batches: int) -> float:
+    """Samples per second of the torch-op augmentation pipeline."""
+    loader = _loader(kind, workloads.TorchAugmented(32 * (batches + 1)), batch_size=32, num_workers=2)
+    it = iter(loader)
+    next(it)
+    start, count = time.perf_counter(), 0
+    for images, labels in it:
+        count += len(labels)
+    return count / (time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """torch's intra-op threads in the main process set to ``n`` for a while
+    (its forked workers start with the same setting unless they change it)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 _FIRST_BATCH_SCRIPT = textwrap.dedent(
@@ -247,11 +277,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=5, help="A B rounds per workload (default 5)")
-    parser.add_argument("--only", default="a,b,c,d,e,f", help="comma-separated workloads to run")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g", help="comma-separated workloads to run")
     args = parser.parse_args()
     only = set(args.only.split(","))
     import torch
 
+    default_threads = torch.get_num_threads()  # what a training script runs with (g)
     torch.set_num_threads(1)
     report: dict = {
         "machine": {
@@ -284,6 +315,9 @@ def main() -> int:
             rounds = max(2, args.rounds // 2)
             work["e_peak_memory_MB"] = _alternate(lambda k: run_memory(k, tmp, 60, "rss"), rounds)
             work["e_peak_memory_pss_MB"] = _alternate(lambda k: run_memory(k, tmp, 60, "pss"), rounds)
+        if "g" in only:
+            with _torch_threads(default_threads):
+                work["g_torch_aug_samples_per_s"] = _alternate(lambda k: run_torch_augmented(k, 40), args.rounds)
     if "f" in only:
         import resume
 

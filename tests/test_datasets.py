@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import conveyor.dataset as cd
+from toy_datasets import Squares
 
 # --- helpers ---------------------------------------------------------------
 
@@ -49,17 +50,6 @@ def same(a, b):
 
 def samples(ds):
     return [ds[i] for i in range(len(ds))]
-
-
-class Squares(cd.Dataset):
-    def __init__(self, n):
-        self.n = n
-
-    def __getitem__(self, i):
-        return i * i
-
-    def __len__(self):
-        return self.n
 
 
 class BatchedSquares(Squares):

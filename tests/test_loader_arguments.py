@@ -11,14 +11,7 @@ import torch.utils.data as tud
 
 import conveyor
 import conveyor.torch as ct
-
-
-class Squares:
-    def __len__(self):
-        return 10
-
-    def __getitem__(self, i):
-        return i * i
+from toy_datasets import Squares
 
 
 class Stream(tud.IterableDataset):
@@ -56,9 +49,9 @@ TORCH_REJECTS = [
 @pytest.mark.parametrize("kwargs", TORCH_REJECTS, ids=lambda k: ",".join(f"{a}={b!r}" for a, b in k.items()))
 @pytest.mark.parametrize("module", [conveyor, ct], ids=["core", "torch"])
 def test_same_error_as_torch_for_map_datasets(module, kwargs):
-    expected = _torch_error(kwargs, Squares())
+    expected = _torch_error(kwargs, Squares(10))
     with pytest.raises(type(expected)) as info:
-        module.DataLoader(Squares(), **kwargs)
+        module.DataLoader(Squares(10), **kwargs)
     ours = str(info.value)
     assert ours.startswith(str(expected).rstrip(".")), (ours, str(expected))
 
@@ -105,7 +98,7 @@ def test_conveyor_iterable_dataset_is_iterable_for_both_loaders():
 )
 def test_mistakes_torch_lets_through_fail_early(kwargs, error, words):
     with pytest.raises(error, match=words):
-        conveyor.DataLoader(Squares(), **kwargs)
+        conveyor.DataLoader(Squares(10), **kwargs)
 
 
 def test_dataset_without_getitem_or_iter_is_rejected():
@@ -117,7 +110,7 @@ def test_dataset_without_getitem_or_iter_is_rejected():
 
 @pytest.mark.parametrize("attr", ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"])
 def test_frozen_attributes_after_init(attr):
-    loader = ct.DataLoader(Squares())
+    loader = ct.DataLoader(Squares(10))
     with pytest.raises(ValueError, match=f"{attr} attribute should not be set after DataLoader is initialized"):
         setattr(loader, attr, None)
     loader.num_workers = 0  # others stay settable, as in torch
@@ -130,17 +123,17 @@ def test_generic_alias():
 
 
 def test_context_object_accepted():
-    loader = conveyor.DataLoader(Squares(), num_workers=1, multiprocessing_context=multiprocessing.get_context("spawn"))
+    loader = conveyor.DataLoader(Squares(10), num_workers=1, multiprocessing_context=multiprocessing.get_context("spawn"))
     assert loader.multiprocessing_context.get_start_method() == "spawn"
 
 
 def test_too_many_workers_warns_like_torch():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        conveyor.DataLoader(Squares(), num_workers=512)
+        conveyor.DataLoader(Squares(10), num_workers=512)
     assert any("This DataLoader will create 512 worker processes in total" in str(w.message) for w in caught)
 
 
 def test_prefetch_factor_defaults_like_torch():
-    assert conveyor.DataLoader(Squares()).prefetch_factor is None
-    assert conveyor.DataLoader(Squares(), num_workers=2).prefetch_factor == 2
+    assert conveyor.DataLoader(Squares(10)).prefetch_factor is None
+    assert conveyor.DataLoader(Squares(10), num_workers=2).prefetch_factor == 2

@@ -1,8 +1,9 @@
 """pin_memory=True: with an accelerator, batches are pinned in a background
 thread (inline without workers); without one, one warning and no pinning.
 
-This machine has no GPU, so the accelerator is simulated: torch.cuda reports
-one, and Tensor.pin_memory records where it ran and returns a copy.
+This machine has no GPU, so the accelerator is simulated: torch.accelerator
+(and torch.cuda) report one, and Tensor.pin_memory records where it ran and
+returns a copy.
 """
 
 import threading
@@ -10,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+import torch.utils.data as tud
 
 import conveyor.torch as ct
 
@@ -24,6 +26,7 @@ def fake_accelerator(monkeypatch):
         calls.append(threading.current_thread().name)
         return self.clone()
 
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
     return calls
@@ -72,3 +75,19 @@ def test_abandoned_iterator_stops_the_pin_thread(fake_accelerator):
     for _ in loader:
         break
     assert not [t for t in threading.enumerate() if t.name == "conveyor-pin-memory"]
+
+
+def _warnings_of_first_batch(module):
+    loader = module.DataLoader(Pairs(), batch_size=4, pin_memory=True, pin_memory_device="cuda:1")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        next(iter(loader))
+    return [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
+
+
+def test_pin_memory_device_is_deprecated_as_in_torch():
+    """torch ignores pin_memory_device (the current accelerator is used) and
+    says so; without an accelerator it also says nothing will be pinned."""
+    ours, theirs = _warnings_of_first_batch(ct), _warnings_of_first_batch(tud)
+    assert ours == theirs
+    assert any("pin_memory_device is deprecated" in w for w in ours)

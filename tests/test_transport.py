@@ -17,6 +17,7 @@ import torch
 
 import conveyor
 import conveyor.torch as ct
+import procutil
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -162,10 +163,6 @@ def settled_shmem_kb():
     return last
 
 
-def dev_shm():
-    return set(os.listdir("/dev/shm"))
-
-
 _LEAK_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
@@ -208,7 +205,7 @@ _LEAK_SCRIPT = textwrap.dedent(
 def test_no_shared_memory_left_behind(tmp_path, mode):
     script = tmp_path / "leak.py"
     script.write_text(_LEAK_SCRIPT)
-    files_before = dev_shm()
+    files_before = procutil.shm_files()
     baseline = settled_shmem_kb()
     proc = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "running"
@@ -222,7 +219,8 @@ def test_no_shared_memory_left_behind(tmp_path, mode):
     after = shmem_kb()
     assert during > after + 40_000, f"the held batches lived in shared memory ({during} kB, then {after} kB)"
     assert after <= baseline + 20_000, f"Shmem stayed up: {baseline} kB before, {after} kB after"
-    assert dev_shm() <= files_before, dev_shm() - files_before
+    left = procutil.new_shm_files(files_before)
+    assert not left, f"files left in /dev/shm: {sorted(left)}"
 
 
 _SMALL_SHM_SCRIPT = textwrap.dedent(

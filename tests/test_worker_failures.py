@@ -38,11 +38,15 @@ import pytest
 
 import conveyor
 import procutil
+from toy_datasets import Squares
 
 #: Longer than every test's timeout (at most 60 s): a loader that waits on
 #: such a sample trips pytest-timeout. Not much longer, so that workers
 #: orphaned by an engine bug do not linger for long.
 HANG_S = 90
+#: How long a worker may take to start (spawn: a fresh interpreter imports
+#: numpy, conveyor and this module) on a loaded machine; never asserted.
+STARTED_WITHIN_S = 20.0
 #: How long workers get to vanish after their main process is gone (the issue
 #: promises 2 s; the margin absorbs a loaded CI machine).
 GONE_WITHIN_S = 5.0
@@ -145,14 +149,27 @@ def collate_refusing_5(batch):
     return np.array(values)
 
 
-class InitFailsIn:
-    """A worker_init_fn that raises in one worker only."""
+class RecordInit:
+    """A worker_init_fn that leaves ``init-<worker id>`` in ``log_dir``. The
+    worker has then imported everything and unpickled its dataset: what
+    remains before it loads a sample takes milliseconds."""
 
-    def __init__(self, log_dir, bad_worker=1):
-        self.log_dir, self.bad_worker = str(log_dir), bad_worker
+    def __init__(self, log_dir):
+        self.log_dir = str(log_dir)
 
     def __call__(self, worker_id):
         record_worker(self.log_dir, f"init-{worker_id}")
+
+
+class InitFailsIn(RecordInit):
+    """A worker_init_fn that raises in one worker only."""
+
+    def __init__(self, log_dir, bad_worker=1):
+        super().__init__(log_dir)
+        self.bad_worker = bad_worker
+
+    def __call__(self, worker_id):
+        super().__call__(worker_id)
         if worker_id == self.bad_worker:
             raise CustomError(f"worker_init_fn refuses worker {worker_id}")
 
@@ -205,42 +222,11 @@ class SlowAt:
         return np.array(i)
 
 
-class Squares:
-    def __len__(self):
-        return 16
-
-    def __getitem__(self, i):
-        return np.array([i * i])
-
-
 class Oops(Exception):
     """Raised by a training loop body."""
 
 
 # ----------------------------------------------------------------- helpers
-@pytest.fixture(autouse=True)
-def kill_leftovers():
-    """Safety net: whatever a failing test leaves behind is killed, so one
-    failure does not slow down or poison the next test. Tests make their own
-    assertions about leftovers; this fixture asserts nothing."""
-    before = procutil.descendants()
-    yield
-    gc.collect()
-    extra = procutil.leaked(before)
-    for pid in extra:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    procutil.wait_until_gone(extra, 2.0)
-    for pid in procutil.children():
-        if pid in extra and procutil.state(pid) == "Z":
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-
-
 def loader_cls(flavor):
     if flavor == "torch":
         pytest.importorskip("torch")
@@ -481,18 +467,32 @@ def test_loader_whose_worker_died_can_be_garbage_collected(tmp_path, persistent)
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", METHODS)
 def test_timeout_names_the_busy_worker_and_its_indices(tmp_path, method):
+    """Every next() gets ``timeout`` seconds, the first one included: a spawn
+    worker still importing on a loaded machine would trip it before the slow
+    sample does. So the workers are shown started (worker_init_fn ran, a
+    first batch came) and the slow sample shown in a worker's hands before
+    the next() that must time out; no other wait runs under the timeout."""
     before = procutil.descendants()
     loader = conveyor.DataLoader(
-        SlowAt(tmp_path, slow=0), batch_size=2, num_workers=2, timeout=1, multiprocessing_context=method
+        SlowAt(tmp_path, slow=2),
+        batch_size=2,
+        num_workers=2,
+        timeout=1,
+        worker_init_fn=RecordInit(tmp_path),
+        multiprocessing_context=method,
     )
     it = iter(loader)
+    for worker_id in range(2):
+        read_worker(tmp_path, f"init-{worker_id}", timeout_s=STARTED_WITHIN_S)
+    assert as_list(next(it)) == [0, 1]
+    # Batch 1 went out with the first prefetch window; its sample 2 now sleeps.
+    wid, pid = read_worker(tmp_path, "sample-2")
     with pytest.raises(RuntimeError) as info:
         next(it)
-    wid, pid = read_worker(tmp_path, "sample-0")
     message = str(info.value)
-    assert f"worker {wid}" in message and f"pid {pid}" in message, message
-    assert "[0, 1]" in message, message
     assert message.startswith("DataLoader timed out after 1 seconds"), f"torch words it with the given value: {message}"
+    assert f"worker {wid}" in message and f"pid {pid}" in message, message
+    assert "[2, 3]" in message, message
     del it
     gc.collect()
     assert not procutil.leaked(before), "workers of a timed-out iterator must stop once it is dropped"
@@ -525,7 +525,7 @@ def _raise_in_body(loader):
 @pytest.mark.parametrize("stop", [_break, _del_iterator, _raise_in_body], ids=["break", "del_iterator", "raise_in_body"])
 def test_stopping_early_reaps_every_worker(method, stop):
     before_procs, before_threads = procutil.descendants(), other_threads()
-    loader = conveyor.DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context=method)
+    loader = conveyor.DataLoader(Squares(16), batch_size=2, num_workers=2, multiprocessing_context=method)
     stop(loader)
     # No gc.collect(): dropping the last reference must be enough, as in torch.
     assert_nothing_left(before_procs, before_threads, stop.__name__)
@@ -536,7 +536,7 @@ def test_stopping_early_reaps_every_worker(method, stop):
 def test_deleting_a_persistent_loader_reaps_its_workers(method):
     before_procs, before_threads = procutil.descendants(), other_threads()
     loader = conveyor.DataLoader(
-        Squares(), batch_size=2, num_workers=2, persistent_workers=True, multiprocessing_context=method
+        Squares(16), batch_size=2, num_workers=2, persistent_workers=True, multiprocessing_context=method
     )
     assert len(list(loader)) == 8
     it = iter(loader)
@@ -553,6 +553,7 @@ import gc, json, os, sys, time
 import numpy as np
 import conveyor
 import procutil
+from toy_datasets import Squares
 
 class Slow:
     """Every sample sleeps; each worker leaves a file named for its pid."""
@@ -567,13 +568,6 @@ class Slow:
         open(os.path.join(self.log_dir, f"pid-{os.getpid()}"), "w").close()
         time.sleep(%(hang)d)
         return np.array(i)
-
-class Squares:
-    def __len__(self):
-        return 16
-
-    def __getitem__(self, i):
-        return np.array([i * i])
 ''' % {"hang": HANG_S}
 
 
@@ -691,7 +685,7 @@ def train(loader):
 
 def scenarios(method):
     def make(**kw):
-        return conveyor.DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context=method, **kw)
+        return conveyor.DataLoader(Squares(16), batch_size=2, num_workers=2, multiprocessing_context=method, **kw)
 
     def broke_out():
         for batch in make():
@@ -792,12 +786,12 @@ def unpicklable_case(name):
         return {"dataset": conveyor.Subset(LockedDataset(), [0, 1])}, "dataset.dataset.handle", "_thread.lock", lambda: None
     if name == "collate_socket":
         sock = socket.socket()
-        return {"dataset": Squares(), "collate_fn": collate_over(sock)}, "collate_fn.<closure resource>", "socket", sock.close
+        return {"dataset": Squares(16), "collate_fn": collate_over(sock)}, "collate_fn.<closure resource>", "socket", sock.close
     if name == "collate_generator":
         gen = (i for i in range(3))
-        return {"dataset": Squares(), "collate_fn": collate_over(gen)}, "collate_fn.<closure resource>", "generator", lambda: None
+        return {"dataset": Squares(16), "collate_fn": collate_over(gen)}, "collate_fn.<closure resource>", "generator", lambda: None
     if name == "worker_init_fn_lock":
-        return {"dataset": Squares(), "worker_init_fn": UnpicklableInit()}, "worker_init_fn.guard", "_thread.lock", lambda: None
+        return {"dataset": Squares(16), "worker_init_fn": UnpicklableInit()}, "worker_init_fn.guard", "_thread.lock", lambda: None
     raise AssertionError(name)
 
 

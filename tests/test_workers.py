@@ -13,7 +13,6 @@ Under fork, module-level classes are simply inherited.
 """
 
 import functools
-import gc
 import json
 import multiprocessing
 import os
@@ -31,7 +30,6 @@ import torch.utils.data as tud
 
 import conveyor
 import conveyor.torch as ct
-from procutil import descendants, leaked
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -53,19 +51,6 @@ def Loader(request):
 
 
 # ----------------------------------------------------------------- helpers
-@pytest.fixture(autouse=True)
-def no_worker_left_behind(request):
-    """After each test, every worker it started is gone and reaped (no zombie).
-    Skipped when the test failed: its traceback keeps its loaders alive."""
-    before, failed_before = descendants(), request.session.testsfailed
-    yield
-    if request.session.testsfailed != failed_before:
-        return
-    gc.collect()  # runs the finalizers of loaders and iterators the test dropped
-    left = leaked(before, timeout_s=3.0)
-    assert not left, f"processes left behind (pid: state): {left}"
-
-
 def plain(batch):
     """A batch as nested plain values that keep every container type and every
     leaf's kind, dtype, shape and bytes, so ``==`` means bitwise identical."""

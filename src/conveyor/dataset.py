@@ -271,7 +271,7 @@ def _common_length(datasets: Sequence[Any], names: Sequence[str]) -> int:
     return lengths[0]
 
 
-class StackDataset(Dataset):
+class StackDataset(Dataset[T_co]):
     """Several equally long datasets side by side.
 
     Positional datasets give tuple samples, keyword datasets dict samples::

@@ -343,6 +343,7 @@ class DataLoader(Generic[T_co]):
                         f"multiprocessing_context option should specify a valid start method in {valid!r}, "
                         f"but got multiprocessing_context={context!r}"
                     )
+                context = multiprocessing.get_context(context)  # as torch: the context object
             elif not isinstance(context, multiprocessing.context.BaseContext):
                 raise TypeError(
                     f"multiprocessing_context option should be a valid context object or a string "
@@ -501,11 +502,18 @@ class DataLoader(Generic[T_co]):
         return iterator
 
     def _warn_pin_memory(self) -> bool:
-        """Whether batches will be pinned; warns once per iterator when they can't be."""
+        """Whether batches will be pinned; warns once per iterator, as torch
+        does, when ``pin_memory_device`` is given (deprecated: the current
+        accelerator is used) or when there is no accelerator to pin for."""
         if not self.pin_memory:
             return False
-        torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_available():
+        if self.pin_memory_device:
+            warnings.warn(
+                "pin_memory_device is deprecated, the current accelerator will be used as the device,"
+                f"ignore pin_memory_device='{self.pin_memory_device}'.",
+                stacklevel=3,
+            )
+        if not _accelerator_available():
             warnings.warn(
                 "'pin_memory' argument is set as true but no accelerator is found, then device pinned "
                 "memory won't be used.",
@@ -519,6 +527,17 @@ class DataLoader(Generic[T_co]):
             f"{type(self).__name__}(dataset={type(self.dataset).__name__}, batch_size={self.batch_size}, "
             f"num_workers={self.num_workers})"
         )
+
+
+def _accelerator_available() -> bool:
+    """Whether torch (if loaded) sees an accelerator to pin memory for."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return bool(torch.cuda.is_available())
 
 
 class _LoaderIterator:

@@ -20,10 +20,12 @@ Example::
 
 from __future__ import annotations
 
+import types
 from typing import Any, Generic, Optional, Sequence, TypeVar, Union
 
 import torch as _torch
 import torch.utils.data as _tud
+from torch.utils.data.dataloader import _DatasetKind
 
 from . import __all__ as _core_names
 
@@ -44,29 +46,33 @@ __all__ = sorted({name for name in _core_names if name != "derive_seed"} | {"Sta
 
 def _torch_flavoured(core: type, torch_base: type) -> type:
     """A subclass of a core class that is also a ``torch_base`` and draws
-    from torch's generators when none is given."""
+    from torch's generators when none is given; generic (``Dataset[int]``)
+    where the core class is."""
     namespace = {"_flavor": "torch", "__module__": __name__, "__doc__": core.__doc__, "__qualname__": core.__name__}
-    return type(core.__name__, (core, torch_base), namespace)
+    parameters = getattr(core, "__parameters__", ())
+    bases = (core, torch_base, Generic[parameters]) if parameters else (core, torch_base)
+    return types.new_class(core.__name__, bases, exec_body=lambda ns: ns.update(namespace))
 
 
-# Datasets: conveyor's behaviour, torch's base classes.
+# Datasets: conveyor's behaviour; instances of torch's class of the same name.
 Dataset = _torch_flavoured(_dataset.Dataset, _tud.Dataset)
 IterableDataset = _torch_flavoured(_dataset.IterableDataset, _tud.IterableDataset)
-TensorDataset = _torch_flavoured(_dataset.TensorDataset, _tud.Dataset)
-StackDataset = _torch_flavoured(_dataset.StackDataset, _tud.Dataset)
-ConcatDataset = _torch_flavoured(_dataset.ConcatDataset, _tud.Dataset)
-ChainDataset = _torch_flavoured(_dataset.ChainDataset, _tud.IterableDataset)
-Subset = _torch_flavoured(_dataset.Subset, _tud.Dataset)
+TensorDataset = _torch_flavoured(_dataset.TensorDataset, _tud.TensorDataset)
+StackDataset = _torch_flavoured(_dataset.StackDataset, _tud.StackDataset)
+ConcatDataset = _torch_flavoured(_dataset.ConcatDataset, _tud.ConcatDataset)
+ChainDataset = _torch_flavoured(_dataset.ChainDataset, _tud.ChainDataset)
+Subset = _torch_flavoured(_dataset.Subset, _tud.Subset)
 ShardedIterable = _torch_flavoured(_sharding.ShardedIterable, _tud.IterableDataset)
 
-# Samplers: torch's draws.
+# Samplers: torch's draws; instances of torch's class of the same name, so
+# frameworks that look for torch's samplers (Lightning, Accelerate) find them.
 Sampler = _torch_flavoured(_sampler.Sampler, _tud.Sampler)
-SequentialSampler = _torch_flavoured(_sampler.SequentialSampler, _tud.Sampler)
-RandomSampler = _torch_flavoured(_sampler.RandomSampler, _tud.Sampler)
-SubsetRandomSampler = _torch_flavoured(_sampler.SubsetRandomSampler, _tud.Sampler)
-WeightedRandomSampler = _torch_flavoured(_sampler.WeightedRandomSampler, _tud.Sampler)
-BatchSampler = _torch_flavoured(_sampler.BatchSampler, _tud.Sampler)
-DistributedSampler = _torch_flavoured(_sampler.DistributedSampler, _tud.Sampler)
+SequentialSampler = _torch_flavoured(_sampler.SequentialSampler, _tud.SequentialSampler)
+RandomSampler = _torch_flavoured(_sampler.RandomSampler, _tud.RandomSampler)
+SubsetRandomSampler = _torch_flavoured(_sampler.SubsetRandomSampler, _tud.SubsetRandomSampler)
+WeightedRandomSampler = _torch_flavoured(_sampler.WeightedRandomSampler, _tud.WeightedRandomSampler)
+BatchSampler = _torch_flavoured(_sampler.BatchSampler, _tud.BatchSampler)
+DistributedSampler = _torch_flavoured(_sampler.DistributedSampler, _tud.DistributedSampler)
 TokenBudgetBatchSampler = _torch_flavoured(_sampler.TokenBudgetBatchSampler, _tud.Sampler)
 
 # Collation: torch tensors out.
@@ -94,7 +100,11 @@ def random_split(
 _T_co = TypeVar("_T_co", covariant=True)
 
 
-class DataLoader(_loader.DataLoader[_T_co], Generic[_T_co]):
+class DataLoader(_loader.DataLoader[_T_co], _tud.DataLoader[_T_co]):
+    """conveyor's DataLoader, an instance of ``torch.utils.data.DataLoader``
+    too (frameworks that check for torch's loader accept it; every method is
+    conveyor's)."""
+
     __doc__ = _loader.DataLoader.__doc__
     _flavor = "torch"
     _RandomSampler = RandomSampler
@@ -102,6 +112,13 @@ class DataLoader(_loader.DataLoader[_T_co], Generic[_T_co]):
     _BatchSampler = BatchSampler
     _default_collate = staticmethod(default_collate)
     _default_convert = staticmethod(default_convert)
+    #: Read by code written against torch's loader; conveyor's iterators are not kept here.
+    _iterator = None
+
+    @property
+    def _dataset_kind(self) -> int:
+        """torch's ``_DatasetKind`` of the dataset (Map or Iterable), for code that reads it."""
+        return _DatasetKind.Iterable if self._iterable else _DatasetKind.Map
 
 
 class StatefulDataLoader(DataLoader[_T_co], Generic[_T_co]):

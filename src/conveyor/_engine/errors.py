@@ -24,9 +24,10 @@ _SIGNAL_HINTS = {
         "prefetch_factor or num_workers, or give the job more memory (see `dmesg`)."
     ),
     signal.SIGBUS: (
-        "SIGBUS usually means shared memory ran out (/dev/shm is full or too small, e.g. "
-        "64 MB in a default container): enlarge it (docker run --shm-size=8g) or lower "
-        "batch_size or prefetch_factor."
+        "SIGBUS means memory that was mapped is no longer backed: a memory-mapped file "
+        "that was truncated or replaced while in use (np.load(mmap_mode=...), a record "
+        "format read through mmap), or shared memory (/dev/shm) filled by tensors your own "
+        "code shares (conveyor's transport reserves its memory up front and uses no /dev/shm)."
     ),
     signal.SIGSEGV: (
         "SIGSEGV is a crash inside native code (a C extension, a decoder, a library that is "
@@ -238,13 +239,17 @@ def death_error(pid: int, exitcode: Optional[int], worker_id: int, doing: str, c
     return WorkerDiedError(text)
 
 
-def transport_error(doing: str, what: str, worker: str, cause: BaseException) -> TransportError:
+def transport_error(doing: str, what: str, worker: str, cause: BaseException, where: str = "") -> TransportError:
     """A message that could not cross: ``doing`` ("could not send the task
-    of") ``what`` ("batch 3 (sample indices [6, 7])") for/from ``worker``."""
+    of") ``what`` ("batch 3 (sample indices [6, 7])") for/from ``worker``;
+    ``where`` is the traceback text of the failure, if any."""
     direction = "for" if "task" in doing else "from"
-    error = TransportError(
+    text = (
         f"conveyor: {doing} {what} {direction} {worker}: {describe_error(cause)}. The loader stopped "
         f"its workers; the cause is chained below."
     )
+    if where:
+        text += f"\nWhere it failed (most recent call last):\n{where}"
+    error = TransportError(text)
     error.__cause__ = cause
     return error

@@ -33,6 +33,7 @@ import pickle
 import time
 import warnings
 from dataclasses import dataclass
+from traceback import format_tb
 from typing import Any, Callable, Iterator, Optional
 
 from .errors import (
@@ -483,7 +484,13 @@ class ProcessExecutor:
         what = f"batch {batch_index}" if batch_index is not None else "a batch"
         if planned is not None:
             what += f" ({describe_indices(planned.indices)})"
-        self._fail(transport_error(doing, what, worker.describe(), cause))
+        # The cause's traceback starts in this executor's frame and its frames
+        # lead back (f_back) to the iterator: kept, it would keep the broken
+        # loader alive for good. Its text goes into the message instead.
+        below = cause.__traceback__.tb_next if cause.__traceback__ is not None else None
+        where = "".join(format_tb(below)) if below is not None else ""
+        cause.__traceback__ = None
+        self._fail(transport_error(doing, what, worker.describe(), cause, where))
 
     def _fail(self, error: BaseException) -> None:
         """The one failure path: remember, stop everything, raise; later

@@ -281,21 +281,34 @@ def encode(data: Any, writer: SlotWriter) -> tuple[Any, int]:
 
 def _small(data: Any) -> bool:
     """Whether every array outside the slot is small too (a custom collate's
-    output, which the slot has not seen yet)."""
-    total = 0
-
-    def leaf(value: Any) -> Any:
-        nonlocal total
+    output, which the slot has not seen yet). Stops at the first big one;
+    visits a long list of plain values without a call per value."""
+    budget = INLINE_MAX_BYTES
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind in _PLAIN_VALUES:
+            continue
+        if kind is list or kind is tuple or isinstance(value, (list, tuple)):
+            stack.extend(v for v in value if type(v) not in _PLAIN_VALUES)
+            continue
+        if isinstance(value, dict):
+            stack.extend(value.values())
+            continue
         try:
             nbytes = value.nbytes
         except Exception:  # none, or none defined (sparse tensors raise)
-            return value
+            continue
         if isinstance(nbytes, int):
-            total += nbytes
-        return value
+            budget -= nbytes
+            if budget <= 0:
+                return False
+    return True
 
-    map_leaves(data, leaf)
-    return total < INLINE_MAX_BYTES
+
+#: Leaves that never hold an array: skipped without a look.
+_PLAIN_VALUES = frozenset({int, float, bool, str, bytes, complex, type(None)})
 
 
 # ----------------------------------------------------------------- main side
