@@ -77,15 +77,21 @@ def run_big(kind: str, batches: int) -> float:
     return nbytes / (time.perf_counter() - start) / 1e9
 
 
+def _rate(loader, amount) -> float:
+    """``amount(batch)`` summed over the batches after the first (start-up is
+    workload d's business), per second."""
+    it = iter(loader)
+    next(it)
+    start, total = time.perf_counter(), 0
+    for batch in it:
+        total += amount(batch)
+    return total / (time.perf_counter() - start)
+
+
 def run_small(kind: str, batches: int) -> float:
     """Batches per second of 32 int samples."""
     loader = _loader(kind, workloads.Ints(32 * (batches + 1)), batch_size=32, num_workers=2)
-    it = iter(loader)
-    next(it)
-    start, count = time.perf_counter(), 0
-    for batch in it:
-        count += 1
-    return count / (time.perf_counter() - start)
+    return _rate(loader, lambda batch: 1)
 
 
 def run_images(kind: str, root: str) -> float:
@@ -93,23 +99,13 @@ def run_images(kind: str, root: str) -> float:
     from conveyor.cli.demo import ImageFolder
 
     loader = _loader(kind, ImageFolder(root, crop=224), batch_size=32, num_workers=2, shuffle=True)
-    it = iter(loader)
-    next(it)
-    start, count = time.perf_counter(), 0
-    for images, labels in it:
-        count += len(labels)
-    return count / (time.perf_counter() - start)
+    return _rate(loader, lambda batch: len(batch[1]))
 
 
 def run_torch_augmented(kind: str, batches: int) -> float:
     """Samples per second of the torch-op augmentation pipeline."""
     loader = _loader(kind, workloads.TorchAugmented(32 * (batches + 1)), batch_size=32, num_workers=2)
-    it = iter(loader)
-    next(it)
-    start, count = time.perf_counter(), 0
-    for images, labels in it:
-        count += len(labels)
-    return count / (time.perf_counter() - start)
+    return _rate(loader, lambda batch: len(batch[1]))
 
 
 @contextlib.contextmanager

@@ -7,24 +7,9 @@
                          dispatch ──Tasks (slot k)──▶ workers (pool.py) ──results──▶ collect
                          ──▶ views on slot k (SlotPool.decode) ──▶ ReorderBuffer ──▶ Delivered
 
-Actors of the ProcessExecutor:
-  * dispatch: keeps ``prefetch_factor × num_workers`` batches between plan
-    and delivery, each task with a free shared-memory slot; a round's tasks
-    for one worker travel in one frame. Writes never wait (wire.py): what a
-    full pipe does not take is written when ``poll`` says there is room.
-  * collect: one ``poll`` over every result pipe, every worker's sentinel
-    and the task pipes with bytes waiting, so a dead worker is noticed the
-    moment it dies; nothing is delivered before every worker said Ready (a
-    failing ``worker_init_fn`` comes first).
-  * reorder: in plan order (``in_order=True``) or as batches arrive.
-  * watch: the stall watchdog warns when nothing has arrived for a while;
-    ``timeout`` makes a late batch an error naming it.
-  * one failure path (``_fail``) and one idempotent shutdown (``shutdown``).
-
-A failure of one batch (the user's exception, a conversion to tensors) is
-that batch's ``Delivered.error`` and the pool carries on, as in torch;
-anything that breaks the pool (a dead worker, a message that cannot cross)
-stops every worker and is raised by every later ``next_batch``.
+Both take the same tasks (batch index, sample indices, seed) and give the
+same batches, whatever the number of workers. A failure of one batch is
+that batch's ``Delivered.error`` and iteration goes on, as in torch.
 """
 
 from __future__ import annotations
@@ -33,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Protocol
 
 from .fetch import EndOfData, FetchSpec, fetch_in_main, make_fetcher
+
 
 @dataclass(frozen=True)
 class PlannedBatch:
