@@ -29,6 +29,21 @@ def test_ranks_and_workers_together_cover_everything_once():
     assert sorted(seen) == list(range(50))
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_len_is_what_each_ranks_loader_yields_for_any_worker_count(replicas, num_workers):
+    """A rank's items do not depend on its number of workers, so len() holds
+    and the loader has nothing to warn about."""
+    import warnings
+
+    for rank in range(replicas):
+        dataset = conveyor.ShardedIterable(range(10), num_replicas=replicas, rank=rank)
+        loader = conveyor.DataLoader(dataset, batch_size=None, num_workers=num_workers)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len(loader) == len(dataset) == len(items(loader))
+
+
 def test_transform_runs_only_on_this_shards_items(tmp_path):
     log = tmp_path / "calls"
 

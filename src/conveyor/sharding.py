@@ -3,8 +3,9 @@
 Each worker of a DataLoader iterates its own copy of an iterable dataset, so
 without sharding every item arrives ``num_workers`` times. ``ShardedIterable``
 gives worker ``w`` of ``W`` on rank ``r`` of ``R`` the items whose position
-``i`` satisfies ``i % (R * W) == r * W + w``: every item exactly once across
-the whole job.
+``i`` satisfies ``i % (R * W) == r + R * w``: every item exactly once across
+the whole job. A rank's items (``i % R == r``) do not depend on how many
+workers it runs, so ``len()`` is what the rank's loader yields.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class ShardedIterable(IterableDataset):
             replicas, rank = self.num_replicas, self.rank
         info = get_worker_info() or _torch_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        return rank * workers + worker, replicas * workers
+        return rank + replicas * worker, replicas * workers
 
     def _items(self) -> Iterator[Any]:
         return iter(self.source()) if callable(self.source) and not hasattr(self.source, "__iter__") else iter(self.source)
