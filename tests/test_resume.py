@@ -258,6 +258,35 @@ def test_resume_with_persistent_workers(load_workers):
     assert seen == expected
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mid_epoch", [False, True])
+def test_resume_with_persistent_workers_and_a_generator(mid_epoch):
+    """With persistent workers and no seed=, later epochs draw no base seed
+    (as torch); the state carries what the next epoch's derives from, so the
+    resumed run goes on exactly, augmentations included."""
+
+    def make_persistent():
+        return ct.DataLoader(
+            Augmented(N), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True,
+            generator=torch.Generator().manual_seed(5),
+        )
+
+    reference = make_persistent()
+    expected = [[plain(b) for b in reference] for _ in range(EPOCHS)]
+    loader = make_persistent()
+    seen = [[plain(b) for b in loader]]
+    it = iter(loader)
+    head = [plain(next(it)) for _ in range(4)] if mid_epoch else [plain(b) for b in it]
+    state = loader.state_dict()
+    del it, loader
+    resumed = make_persistent()
+    resumed.load_state_dict(json_round_trip(state))
+    seen.append(head + ([plain(b) for b in resumed] if mid_epoch else []))
+    while len(seen) < EPOCHS:
+        seen.append([plain(b) for b in resumed])
+    assert seen == expected
+
+
 def test_epochs_count_on_without_set_epoch():
     """Without set_epoch the loader counts epochs itself; the state carries the count."""
     def loader():

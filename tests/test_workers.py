@@ -797,6 +797,24 @@ def test_parity_with_torch_under_a_seeded_generator(settings):
     assert torch.equal(our_generator.get_state(), torch_generator.get_state()), "the generator advanced differently"
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("draws_from", ["generator", "torch.manual_seed"])
+def test_parity_with_torch_with_persistent_workers_over_epochs(draws_from):
+    """torch draws a base seed only for a persistent loader's first
+    iteration; so does conveyor, so later epochs' shuffles match too."""
+
+    def epochs(module):
+        options = dict(batch_size=5, shuffle=True, num_workers=2, persistent_workers=True)
+        if draws_from == "generator":
+            options["generator"] = torch.Generator().manual_seed(0)
+        else:
+            torch.manual_seed(0)
+        loader = module.DataLoader(Mixed(), **options)
+        return [[plain(b) for b in loader] for _ in range(3)]
+
+    assert epochs(ct) == epochs(tud)
+
+
 @pytest.mark.timeout(30)
 def test_parity_with_torch_under_torch_manual_seed():
     """Without a generator both draw from torch's global generator, in the same order."""

@@ -203,6 +203,9 @@ class DataLoader(Generic[T_co]):
         # for iter(); what the latest iteration delivered.
         self._resume: Optional[_state.ResumePoint] = None
         self._progress: Optional[_state.EpochProgress] = None
+        #: The base seed of the latest iteration (with persistent workers,
+        #: the next one derives its own from it; see _base_seed).
+        self._last_base_seed: Optional[int] = None
         self.__initialized = True
         self._warn_worker_count()
 
@@ -443,12 +446,25 @@ class DataLoader(Generic[T_co]):
             to_torch=to_torch,
         )
 
-    def _draw_base_seed(self, epoch: int) -> int:
+    def _base_seed(self, epoch: int) -> int:
+        """The root of epoch ``epoch``'s batch seeds. With ``seed=``, derived
+        from it; else drawn from ``generator`` (or the global generator) as
+        torch draws its base seed, before the sampler draws. Like torch, a
+        loader with persistent workers draws only for its first iteration;
+        later ones derive theirs from the one before, so the generator gives
+        the sampler the same numbers as under torch."""
         if self.seed is not None:
             return rng.derive_seed(self.seed, epoch)
+        if self._keeps_base_seed and self._last_base_seed is not None:
+            return rng.derive_seed(self._last_base_seed, epoch)
         if self.generator is not None:
             return rng.source_for(self.generator, self._flavor).draw_seed()
         return rng.draw_seed(self._flavor)
+
+    @property
+    def _keeps_base_seed(self) -> bool:
+        """Whether iterations after the first draw no base seed (persistent workers, as torch)."""
+        return self.persistent_workers and self.num_workers > 0
 
     def _start_method(self) -> str:
         method = resolve_start_method(self.multiprocessing_context)
@@ -490,10 +506,11 @@ class DataLoader(Generic[T_co]):
         resume, self._resume = self._resume, None
         if resume is None:
             epoch = self._epoch
-            base_seed = self._draw_base_seed(epoch)  # before the sampler draws, as torch
+            base_seed = self._base_seed(epoch)  # before the sampler draws, as torch
         else:
             epoch, base_seed = resume.epoch, resume.base_seed
         self._epoch = epoch + 1
+        self._last_base_seed = base_seed
         progress = _state.begin_progress(self, epoch, base_seed, resume)
         indices = iter(self._index_sampler)
         executor, owned = self._executor_for(base_seed)

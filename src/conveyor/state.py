@@ -320,7 +320,8 @@ def _between_epochs(loader: Any) -> dict[str, Any]:
     return {
         "epoch": loader._epoch,
         "in_epoch": False,
-        "base_seed": None,
+        # With persistent workers the next epoch's base seed derives from the last one's.
+        "base_seed": loader._last_base_seed if loader._keeps_base_seed else None,
         "position": 0,
         "delivered_ahead": [],
         "sampler": sampler.state_dict() if _is_stateful(sampler) else None,
@@ -440,7 +441,7 @@ def _read_progress(state: Mapping[str, Any]) -> tuple[int, bool, Any, int, froze
         ints is None
         or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)
         or not isinstance(in_epoch, bool)
-        or (in_epoch and not isinstance(base_seed, int))
+        or not (isinstance(base_seed, int) or (base_seed is None and not in_epoch))
         or any(index <= position for index in ahead)
     ):
         raise ValueError(
@@ -494,6 +495,7 @@ def load(loader: Any, state: Any) -> None:
     loader._epoch = epoch
     loader._progress = None
     loader._resume = None
+    loader._last_base_seed = None if in_epoch else base_seed
     if in_epoch:
         loader._resume = ResumePoint(
             state=copy.deepcopy(dict(state)),
