@@ -22,6 +22,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch.utils.data as tud
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -589,15 +590,30 @@ def test_a_failed_load_changes_nothing():
     assert [plain(b) for b in loader] == uninterrupted("shuffle-seed")[0]
 
 
-def test_loading_while_iterating_is_an_error():
+def test_loading_while_iterating_applies_to_the_next_iteration():
+    """As torchdata's StatefulDataLoader: the state waits for the next
+    iter(); an iterator already running goes on with its own batches."""
     loader = make("shuffle-seed")
-    state = loader.state_dict()
+    epochs = uninterrupted("shuffle-seed")
     it = iter(loader)
-    next(it)
-    with pytest.raises(RuntimeError, match="inside epoch 0"):
-        loader.load_state_dict(state)
-    del it
-    loader.load_state_dict(state)  # once the iterator is gone, it loads
+    head = [plain(next(it)) for _ in range(3)]
+    state = loader.state_dict()
+    old = iter(loader)  # epoch 1 begins
+    next(old)
+    loader.load_state_dict(state)
+    assert loader.state_dict() == state
+    assert [plain(b) for b in loader] == epochs[0][3:]  # the loaded point of epoch 0
+    assert head + [plain(b) for b in it] == epochs[0]  # the first iterator was not disturbed
+
+
+def test_a_sampler_refusing_its_state_leaves_everything_as_it_was():
+    loader = make("shuffle-seed")
+    before = loader.state_dict()
+    bad = {**saved_state(), "sampler": {"version": 1, "kind": "SomethingElse"}}
+    bad["checksum"] = conveyor.state._checksum(bad)
+    with pytest.raises(ValueError):
+        loader.load_state_dict(bad)
+    assert loader.state_dict() == before
     assert [plain(b) for b in loader] == uninterrupted("shuffle-seed")[0]
 
 
@@ -799,8 +815,9 @@ def test_stateful_dataloader_is_the_same_loader_with_torchdata_arguments():
     assert isinstance(loader, ct.DataLoader) and isinstance(loader, ct.Stateful)
     assert isinstance(loader.sampler, conveyor.Stateful) and not isinstance([], conveyor.Stateful)
     assert ct.StatefulDataLoader(Augmented(N), snapshot_every_n_steps=None).snapshot_every_n_steps is None
+    assert ct.StatefulDataLoader(Augmented(N), snapshot_every_n_steps=0).snapshot_every_n_steps == 0  # as torchdata
     with pytest.raises(ValueError, match="snapshot_every_n_steps"):
-        ct.StatefulDataLoader(Augmented(N), snapshot_every_n_steps=0)
+        ct.StatefulDataLoader(Augmented(N), snapshot_every_n_steps=-1)
 
 
 def torchdata_style_run(StatefulDataLoader, shuffle):
@@ -912,3 +929,108 @@ def test_set_epoch_after_loading_another_epoch_warns_once():
     fresh = DataLoader(list(range(20)), batch_size=4, shuffle=True, seed=1)
     fresh.set_epoch(3)
     assert [b.tolist() for b in resumed] == [b.tolist() for b in fresh]
+
+
+# ------------------------------------------------------ the user's own samplers
+class CountingSampler:
+    """A user's sampler with its own state (torchdata style): the epoch and
+    the items yielded so far; its order follows from the epoch."""
+
+    def __init__(self, n):
+        self.n, self.epoch, self.yielded, self._resume_at = n, 0, 0, 0
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        start, self._resume_at = self._resume_at, 0
+        self.yielded = start
+        for index in order[start:]:
+            self.yielded += 1
+            yield index
+        self.epoch, self.yielded = self.epoch + 1, 0
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "yielded": self.yielded}
+
+    def load_state_dict(self, state):
+        self.epoch, self._resume_at = state["epoch"], state["yielded"]
+
+
+class CountingBatchSampler(CountingSampler):
+    def __iter__(self):
+        items = list(super().__iter__())
+        return iter([items[k : k + 3] for k in range(0, len(items), 3)])
+
+    def __len__(self):
+        return (self.n + 2) // 3
+
+
+class ShuffledBatches:
+    """A batch sampler without state whose order changes every iteration."""
+
+    def __len__(self):
+        return 7
+
+    def __iter__(self):
+        order = list(range(20))
+        random.shuffle(order)
+        return iter([order[k : k + 3] for k in range(0, 20, 3)])
+
+
+def _user_sampler_loader(kind, num_workers):
+    data = list(range(20))
+    options = dict(num_workers=num_workers)
+    if kind == "stateful sampler":
+        return ct.DataLoader(data, batch_size=3, sampler=CountingSampler(20), **options)
+    if kind == "stateful batch_sampler":
+        return ct.DataLoader(data, batch_sampler=CountingBatchSampler(20), **options)
+    if kind == "torch RandomSampler with a generator":
+        sampler = tud.RandomSampler(data, generator=torch.Generator().manual_seed(1))
+        return ct.DataLoader(data, batch_size=3, sampler=sampler, **options)
+    if kind == "torch BatchSampler over it":
+        sampler = tud.RandomSampler(data, generator=torch.Generator().manual_seed(1))
+        return ct.DataLoader(data, batch_sampler=tud.BatchSampler(sampler, 3, False), **options)
+    if kind == "torch RandomSampler, global generator":
+        return ct.DataLoader(data, batch_size=3, sampler=tud.RandomSampler(data), **options)
+    if kind == "batch sampler without state":
+        return ct.DataLoader(data, batch_sampler=ShuffledBatches(), **options)
+    raise KeyError(kind)
+
+
+def _resume_in_second_epoch(kind, num_workers):
+    """(the uninterrupted epochs 0-2, those of a run saved after 2 batches of
+    epoch 1 and resumed by a new loader)."""
+    torch.manual_seed(0)
+    random.seed(0)
+    reference = _user_sampler_loader(kind, num_workers)
+    expected = [[b.tolist() for b in reference] for _ in range(3)]
+    loader = _user_sampler_loader(kind, num_workers)
+    first = [b.tolist() for b in loader]
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(2)]
+    state = json_round_trip(loader.state_dict())
+    del it, loader
+    resumed = _user_sampler_loader(kind, num_workers)
+    resumed.load_state_dict(state)
+    seen = [first, head + [b.tolist() for b in resumed], [b.tolist() for b in resumed]]
+    return expected, seen
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    "kind",
+    ["stateful sampler", "stateful batch_sampler", "torch RandomSampler with a generator", "torch BatchSampler over it"],
+)
+def test_the_users_own_sampler_resumes_exactly(kind, num_workers):
+    expected, seen = _resume_in_second_epoch(kind, num_workers)
+    assert seen == expected
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["torch RandomSampler, global generator", "batch sampler without state"])
+def test_a_sampler_that_cannot_be_replayed_says_so_instead_of_yielding_other_samples(kind):
+    with pytest.raises(RuntimeError, match="cannot resume exactly: the (batch_)?sampler .* gave another first batch"):
+        _resume_in_second_epoch(kind, 0)

@@ -31,6 +31,7 @@ from . import collate as _collate
 from . import rng
 from . import sampler as _sampler
 from . import state as _state
+from .sampler import replay
 from ._engine.executor import Delivered, InProcessExecutor, PlannedBatch
 from ._engine.process_executor import ProcessConfig, ProcessExecutor
 from ._engine.fetch import FetchSpec, collate_route
@@ -426,10 +427,11 @@ class DataLoader(Generic[T_co]):
         Build this loader with the same dataset and arguments as the one that
         saved it; ``num_workers`` may differ for map-style datasets. The next
         iteration then yields exactly the batches the saved run would have
-        yielded next, without loading the ones before. Raises ValueError,
-        showing both sides, when the state does not fit this loader or was
-        changed after saving, and RuntimeError while an iterator of this
-        loader is inside an epoch. ``{}`` loads nothing, as in torchdata.
+        yielded next, without loading the ones before. An iterator already
+        running goes on with its own batches; the state waits for the next
+        ``iter()``, as in torchdata. Raises ValueError, showing both sides,
+        when the state does not fit this loader or was changed after saving;
+        then nothing has changed. ``{}`` loads nothing, as in torchdata.
         """
         _state.load(self, state_dict)
 
@@ -580,12 +582,12 @@ class _LoaderIterator:
         self._len_called = loader._IterableDataset_len_called
         pin = loader._warn_pin_memory()
         first, skip = (resume.first_index, resume.skip) if resume is not None else (0, frozenset())
-        sampler = loader._index_sampler
-        stateful = callable(getattr(sampler, "state_dict", None))
-        on_first_draw = partial(progress.note_first_draw, sampler) if stateful else None
-        plan = self._plan(
-            indices, progress.base_seed, first, skip, resume.sampler_skip if resume else 0, on_first_draw, loader._iterable
-        )
+        sampler_skip = resume.sampler_skip if resume is not None else 0
+        if sampler_skip:
+            what = f"the {'batch_sampler' if loader.batch_sampler is not None else 'sampler'} {type(loader._index_sampler).__name__}"
+            indices = replay(indices, sampler_skip, resume.first_batch, what)
+        on_first_draw = partial(progress.note_first_draw, loader._index_sampler)
+        plan = self._plan(indices, progress.base_seed, first, skip, on_first_draw, loader._iterable)
         workers_resume = resume.worker_progress if resume is not None and not resume.refetch else None
         executor.begin_epoch(next(_pass_ids), plan, first, skip, workers_resume)
         if loader._iterable and not loader.num_workers:
@@ -607,19 +609,16 @@ class _LoaderIterator:
         base_seed: int,
         first_index: int,
         skip: frozenset,
-        sampler_skip: int,
-        on_first_draw: Optional[Callable[[], None]],
+        on_first_draw: Optional[Callable[[Any, bool], None]],
         iterable: bool,
     ) -> Iterator[PlannedBatch]:
         """The epoch's batches from ``first_index`` on, each with its seed,
-        leaving out ``skip``. A resumed sampler that cannot jump draws and
-        drops ``sampler_skip`` batches of indices first (no data is loaded)."""
-        if sampler_skip:
-            indices = itertools.islice(indices, sampler_skip, None)
+        leaving out ``skip``. (A resumed sampler that cannot jump has already
+        drawn and dropped the batches before ``first_index``: ``replay``.)"""
         batch_index = first_index
         for batch in indices:
             if on_first_draw is not None:
-                on_first_draw()
+                on_first_draw(batch, batch_index == 0)
                 on_first_draw = None
             if batch_index not in skip:
                 # Map-style: the batch's own seed. Iterable: the base seed; the

@@ -40,7 +40,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from conveyor.rng import TorchSource, derive_seed, draw_seed, source_for
+from conveyor.rng import TorchSource, derive_seed, draw_seed, is_torch_generator, source_for
 
 __all__ = [
     "Sampler",
@@ -428,6 +428,9 @@ class Sampler(Generic[T_co]):
                 return len(self.lengths)
     """
 
+    #: Which global generator draws when no generator is given ("torch" in conveyor.torch).
+    _flavor = "numpy"
+
     def __iter__(self) -> Iterator[T_co]:
         raise NotImplementedError
 
@@ -698,13 +701,73 @@ def _check_weights(weights: Any, num_samples: int, replacement: bool) -> np.ndar
 
 
 class _BatchRun:
-    """One BatchSampler iteration: the inner sampler's state after the first batch, and items pulled since."""
+    """One BatchSampler iteration: what replays the inner sampler's draw,
+    items pulled since, and a fingerprint of the iteration's first batch."""
 
-    __slots__ = ("inner_start", "items")
+    __slots__ = ("inner_start", "items", "first_batch")
 
     def __init__(self) -> None:
-        self.inner_start: Mapping[str, Any] | None = None
+        #: Jumping (a conveyor inner sampler): its state after the first
+        #: batch. Replaying (any other): what reproduces its iteration, taken
+        #: before the first draw (see replay_point).
+        self.inner_start: Any = None
         self.items = 0
+        self.first_batch: str | None = None
+
+
+def batch_fingerprint(batch: Any) -> str:
+    """A short fingerprint of a batch of indices (or of one index): the
+    CRC-32 of their text, to check that a replayed iteration is the one
+    that was saved."""
+    text = ",".join(map(str, batch)) if isinstance(batch, (list, tuple)) else str(batch)
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+def replay(batches: Iterator[Any], skip: int, fingerprint: str | None, what: str) -> Iterator[Any]:
+    """``batches`` without their first ``skip``, which are drawn to put the
+    sampler where it was. The first batch must be the saved run's (its
+    ``fingerprint``): otherwise the sampler does not give the same order on
+    a new iteration, and resuming would yield other samples; that raises."""
+    for number, batch in enumerate(batches):
+        if number == 0 and fingerprint is not None and batch_fingerprint(batch) != fingerprint:
+            raise RuntimeError(
+                f"cannot resume exactly: {what} gave another first batch than in the run that saved the "
+                f"state, so it does not repeat its order on a new iteration and the rest of the epoch would "
+                f"hold other samples. Give it state_dict()/load_state_dict(), or a torch.Generator or "
+                f"numpy Generator as its `generator` attribute, or use conveyor's samplers (which resume "
+                f"exactly); or start the epoch over (set_epoch) instead of loading a mid-epoch state."
+            )
+        if number >= skip:
+            yield batch
+
+
+def replay_point(sampler: Any, flavor: str) -> Any:
+    """What makes ``sampler`` draw its next iteration again, as plain
+    values: its ``state_dict()``; else the state of its ``generator``
+    attribute (torch's samplers draw from it); else, for a batch sampler,
+    the replay point of its ``sampler``; else None."""
+    if callable(getattr(sampler, "state_dict", None)) and callable(getattr(sampler, "load_state_dict", None)):
+        return {"state": sampler.state_dict()}
+    generator = getattr(sampler, "generator", None)
+    if isinstance(generator, np.random.Generator) or is_torch_generator(generator):
+        return {"generator": source_for(generator, flavor).get_state()}
+    inner = getattr(sampler, "sampler", None)
+    if inner is not None and inner is not sampler:
+        point = replay_point(inner, flavor)
+        return None if point is None else {"inner": point}
+    return None
+
+
+def restore_replay_point(sampler: Any, point: Any, flavor: str) -> None:
+    """Put ``sampler`` back where :func:`replay_point` found it."""
+    if not isinstance(point, Mapping):
+        return
+    if "state" in point:
+        sampler.load_state_dict(point["state"])
+    elif "generator" in point:
+        source_for(sampler.generator, flavor).set_state(point["generator"])
+    elif "inner" in point:
+        restore_replay_point(sampler.sampler, point["inner"], flavor)
 
 
 def _has_position(state: Any) -> bool:
@@ -746,6 +809,11 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
             getattr(self.sampler, "load_state_dict", None)
         )
 
+    def _inner_jumps(self) -> bool:
+        """Whether the inner sampler resumes at an item itself (a conveyor
+        sampler); any other is replayed from the iteration's start."""
+        return self._inner_resumable() and _has_position(self.sampler.state_dict())  # type: ignore[union-attr]
+
     def _settings(self) -> dict[str, Any]:
         return {
             "batch_size": self.batch_size,
@@ -759,14 +827,21 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
 
     def _progress(self) -> dict[str, Any]:
         progress = super()._progress()
-        return {**progress, "rng": None, "sampler": self._inner_state(progress["rng"])}
+        record = progress["rng"]
+        if self._resume is not None:
+            saved = self._resume.record or {}
+            return {**progress, "rng": None, "sampler": saved.get("sampler"), "replay": saved.get("replay"),
+                    "first_batch": saved.get("first_batch")}
+        if isinstance(record, _BatchRun) and not self._inner_jumps():
+            # Replayed: what reproduces the iteration, and its first batch to check it by.
+            return {**progress, "rng": None, "sampler": None, "replay": record.inner_start,
+                    "first_batch": record.first_batch}
+        return {**progress, "rng": None, "sampler": self._inner_state(record), "replay": None, "first_batch": None}
 
     def _inner_state(self, record: Any) -> Any:
         """The inner sampler's state that goes with this sampler's position."""
         if not self._inner_resumable():
             return None
-        if self._resume is not None:
-            return self._resume.record
         if isinstance(record, _BatchRun) and _has_position(record.inner_start):
             # From the capture, not the inner sampler now: it may have finished
             # (last, short batch) and no longer hold the draw to replay.
@@ -776,20 +851,29 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``; the inner sampler's state is loaded too.
 
+        A conveyor inner sampler resumes at its item. Any other is put back
+        to the start of the saved iteration (its own state, or its
+        generator's) and the batches before ``position`` are drawn again and
+        dropped; the first of them must match the saved run's, or the next
+        iteration raises RuntimeError instead of yielding other samples.
+
         ``position`` (batches) may have been changed since saving to any batch
         of the same iteration: lowered (a loader that prefetched rewinding to
         what it delivered) or raised (a loader that kept the state of the
-        iteration's first batch). A conveyor inner sampler is then set to the
-        items behind that many batches.
+        iteration's first batch).
         """
         super().load_state_dict(state)
-        inner = state.get("sampler")
+        inner, point = state.get("sampler"), state.get("replay")
+        if self._resume is not None:
+            self._resume.record = {"sampler": inner, "replay": point, "first_batch": state.get("first_batch")}
+        if point is not None:
+            restore_replay_point(self.sampler, point, self._flavor)
+            return
         if inner is None or not self._inner_resumable():
             return
         if state["in_iteration"] and _has_position(inner) and inner["in_iteration"]:
             inner = {**inner, "position": self._items_behind(state["position"], inner["position"])}
-        if self._resume is not None:
-            self._resume.record = inner
+            self._resume.record = {**self._resume.record, "sampler": inner}
         self.sampler.load_state_dict(inner)  # type: ignore[union-attr]
 
     def _items_behind(self, batches: int, saved_items: int) -> int:
@@ -813,17 +897,26 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
                 self._resume = None  # the inner sampler dropped its resume point (and warned)
 
     def __iter__(self) -> Iterator[list[int]]:
+        resume = self._resume
+        saved = resume.record if resume is not None and isinstance(resume.record, Mapping) else {}
         cursor, run = self._start()
-        capture = self._inner_resumable()
+        jumps = self._inner_jumps()
+        if not jumps:
+            run.inner_start = replay_point(self.sampler, self._flavor)
         indices = iter(self.sampler)
         size, drop_last = self.batch_size, self.drop_last
-        batches = iter(lambda: list(itertools.islice(indices, size)), [])
-        if not capture:
-            batches = itertools.islice(batches, cursor.position, None)
+        batches: Iterator[list[int]] = iter(lambda: list(itertools.islice(indices, size)), [])
+        if not jumps and resume is not None:
+            if saved.get("replay") is not None:
+                run.inner_start = saved["replay"]  # the replayed iteration's start, for a later save
+            run.first_batch = saved.get("first_batch")
+            batches = replay(batches, cursor.position, run.first_batch, f"the sampler {type(self.sampler).__name__}")
         for batch in batches:
             if drop_last and len(batch) < size:
                 break
-            if capture and run.inner_start is None:
+            if run.first_batch is None:
+                run.first_batch = batch_fingerprint(batch)
+            if jumps and run.inner_start is None:
                 run.inner_start = self.sampler.state_dict()  # type: ignore[union-attr]
                 run.items = run.inner_start.get("position", 0) if _has_position(run.inner_start) else 0
             else:

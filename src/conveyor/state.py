@@ -29,18 +29,19 @@ truncated or hand-edited state is refused instead of yielding other data.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import warnings
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, Iterator, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
 from . import rng
-from .sampler import _has_position
+from .sampler import _has_position, batch_fingerprint, replay_point, restore_replay_point
 
 __all__ = ["Stateful", "STATE_VERSION"]
 
@@ -113,6 +114,11 @@ class EpochProgress:
     sampler_state: Any
     #: The loader's generator right after the base seed was drawn from it.
     generator_state: Any
+    #: For an index sampler without state: what replays its draw (see
+    #: sampler.replay_point), taken before the epoch's first draw.
+    replay: Any = None
+    #: Fingerprint of the epoch's first batch of indices, to check a replay by.
+    first_batch: Optional[str] = None
     position: int = 0
     delivered_ahead: set = field(default_factory=set)
     finished: bool = False
@@ -140,23 +146,32 @@ class EpochProgress:
         elif index > self.position:
             self.delivered_ahead.add(index)
 
-    def note_first_draw(self, index_sampler: Any) -> None:
-        """Keep the state that replays this epoch's draw, if the sampler can jump to a batch."""
-        state = index_sampler.state_dict()
-        if _has_position(state):
-            self.sampler_state = state
+    def note_first_draw(self, index_sampler: Any, batch: Any, first: bool) -> None:
+        """The first batch of indices drawn by this iteration (``first``:
+        and the epoch's first batch): keep its fingerprint, and the state that
+        replays this epoch's draw if the sampler can jump to a batch."""
+        if first and self.first_batch is None:
+            self.first_batch = batch_fingerprint(batch)
+        if _is_stateful(index_sampler):
+            state = index_sampler.state_dict()
+            if _has_position(state):
+                self.sampler_state = state
 
 
 def begin_progress(loader: Any, epoch: int, base_seed: int, resume: Optional["ResumePoint"]) -> EpochProgress:
     """The progress record of a new iteration, taken before the sampler draws."""
     if resume is not None:
-        progress = EpochProgress(epoch, base_seed, resume.sampler_state, resume.generator_state)
+        progress = EpochProgress(
+            epoch, base_seed, resume.sampler_state, resume.generator_state, resume.replay, resume.first_batch
+        )
         if not resume.refetch:
             progress.position, progress.delivered_ahead = resume.position, set(resume.delivered_ahead)
         return progress
     sampler = loader._index_sampler
-    sampler_state = sampler.state_dict() if _is_stateful(sampler) else None
-    return EpochProgress(epoch, base_seed, sampler_state, _generator_state(loader))
+    if _is_stateful(sampler):
+        return EpochProgress(epoch, base_seed, sampler.state_dict(), _generator_state(loader))
+    replay = None if loader._iterable else replay_point(sampler, loader._flavor)
+    return EpochProgress(epoch, base_seed, None, _generator_state(loader), replay)
 
 
 # ---------------------------------------------------------------------------
@@ -185,6 +200,9 @@ class ResumePoint:
     refetch: bool
     #: Iterable dataset in workers: where each worker's copy stood (or None).
     worker_progress: Any = None
+    #: See EpochProgress.replay and first_batch.
+    replay: Any = None
+    first_batch: Optional[str] = None
 
     @property
     def count(self) -> int:
@@ -311,6 +329,8 @@ def _inside_epoch(loader: Any, progress: EpochProgress) -> dict[str, Any]:
         "iterator_ended": here["iterator_ended"],
         "iterator_served": here["served"],
         "worker_progress": progress.worker_progress,
+        "replay": progress.replay,
+        "first_batch": progress.first_batch,
     }
 
 
@@ -331,6 +351,8 @@ def _between_epochs(loader: Any) -> dict[str, Any]:
         "iterator_ended": False,
         "iterator_served": 0,
         "worker_progress": None,
+        "replay": None,
+        "first_batch": None,
     }
 
 
@@ -422,17 +444,6 @@ def _check_settings(loader: Any, saved: Any) -> None:
         )
 
 
-def _check_not_iterating(loader: Any) -> None:
-    progress = loader._progress
-    if progress is not None and progress.iterating and not progress.finished:
-        raise RuntimeError(
-            f"DataLoader.load_state_dict was called while an iterator of this loader is inside epoch "
-            f"{progress.epoch} ({progress.count} batches delivered). Loading would not change what that "
-            f"iterator yields; finish or drop it first (break out of the loop, or `del` it), or load the "
-            f"state into a new DataLoader."
-        )
-
-
 def _read_progress(state: Mapping[str, Any]) -> tuple[int, bool, Any, int, frozenset]:
     epoch, in_epoch, base_seed = state["epoch"], state["in_epoch"], state["base_seed"]
     position, ahead = state["position"], state["delivered_ahead"]
@@ -454,10 +465,13 @@ def _read_progress(state: Mapping[str, Any]) -> tuple[int, bool, Any, int, froze
 
 def load(loader: Any, state: Any) -> None:
     """Check ``state`` against ``loader``, then make the loader continue from it
-    (see :meth:`DataLoader.load_state_dict`). Nothing changes when a check fails."""
+    at its next ``iter()`` (see :meth:`DataLoader.load_state_dict`).
+
+    Everything is checked before anything changes; what the state is then
+    loaded into (sampler, generator, dataset) is put back as it was if one
+    of them refuses it, so a failed load leaves the loader as it was."""
     if isinstance(state, Mapping) and len(state) == 0:
         return  # torchdata's StatefulDataLoader takes {} as "nothing to load"
-    _check_not_iterating(loader)
     _check_header(state)
     _check_settings(loader, state["settings"])
     _check_savable(loader)
@@ -466,11 +480,6 @@ def load(loader: Any, state: Any) -> None:
         raise _mismatch(
             "the base seed does not follow from seed= and the epoch.", {"base_seed": base_seed}, {"seed": loader.seed}
         )
-
-    sampler = loader._index_sampler
-    sampler_state = state["sampler"]
-    if sampler_state is not None and _is_stateful(sampler):
-        sampler.load_state_dict(sampler_state)  # checks its own settings; raises before anything changed
     worker_progress = _read_worker_progress(loader, state["worker_progress"])
     exact_in_workers = worker_progress is not None and any(s is not None for s in worker_progress["states"])
     refetch = (
@@ -480,6 +489,10 @@ def load(loader: Any, state: Any) -> None:
         and state["iterator_state"] is None
         and not exact_in_workers
     )
+    sampler_state = state["sampler"]
+    jumps = _has_position(sampler_state)
+    with _undone_on_failure(loader):
+        _apply(loader, state, in_epoch and not jumps)
     if refetch and position + len(ahead) > 0:
         warnings.warn(
             f"{type(loader.dataset).__name__} (and its iterator) has no state_dict/load_state_dict: to resume "
@@ -488,10 +501,6 @@ def load(loader: Any, state: Any) -> None:
             f"without re-reading.",
             stacklevel=3,
         )
-    jumps = _has_position(sampler_state)
-    _restore_generator(loader, state["generator_state"])
-    if state["dataset_state"] is not None and _is_stateful(loader.dataset):
-        loader.dataset.load_state_dict(state["dataset_state"])
     loader._epoch = epoch
     loader._progress = None
     loader._resume = None
@@ -508,7 +517,39 @@ def load(loader: Any, state: Any) -> None:
             sampler_skip=0 if (jumps or loader._iterable) else position,
             refetch=refetch,
             worker_progress=worker_progress,
+            replay=state.get("replay"),
+            first_batch=state.get("first_batch"),
         )
+
+
+def _apply(loader: Any, state: Mapping[str, Any], replays: bool) -> None:
+    """Load the state's parts into the sampler, the generator and the dataset."""
+    sampler = loader._index_sampler
+    if state["sampler"] is not None and _is_stateful(sampler):
+        sampler.load_state_dict(state["sampler"])
+    if replays:
+        restore_replay_point(sampler, state.get("replay"), loader._flavor)
+    _restore_generator(loader, state["generator_state"])
+    if state["dataset_state"] is not None and _is_stateful(loader.dataset):
+        loader.dataset.load_state_dict(state["dataset_state"])
+
+
+@contextlib.contextmanager
+def _undone_on_failure(loader: Any) -> Iterator[None]:
+    """Put the sampler, the generator and the dataset back as they were if
+    the block raises (a sampler or dataset refusing its part of the state)."""
+    sampler, dataset = loader._index_sampler, loader.dataset
+    sampler_before = replay_point(sampler, loader._flavor)
+    generator_before = _generator_state(loader)
+    dataset_before = dataset.state_dict() if loader._iterable and _is_stateful(dataset) else None
+    try:
+        yield
+    except BaseException:
+        restore_replay_point(sampler, sampler_before, loader._flavor)
+        _restore_generator(loader, generator_before)
+        if dataset_before is not None:
+            dataset.load_state_dict(dataset_before)
+        raise
 
 
 def _read_worker_progress(loader: Any, saved: Any) -> Any:

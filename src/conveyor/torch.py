@@ -144,11 +144,12 @@ class StatefulDataLoader(DataLoader[_T_co], Generic[_T_co]):
         if snapshot_every_n_steps is not None and (
             not isinstance(snapshot_every_n_steps, int)
             or isinstance(snapshot_every_n_steps, bool)
-            or snapshot_every_n_steps <= 0
+            or snapshot_every_n_steps < 0
         ):
             raise ValueError(
-                f"snapshot_every_n_steps should be a positive int or None, got {snapshot_every_n_steps!r} "
-                f"(conveyor: it changes nothing here, every step can be saved exactly)"
+                f"snapshot_every_n_steps should be a non-negative int or None (0 and None: no periodic "
+                f"snapshots, as in torchdata), got {snapshot_every_n_steps!r} (conveyor: it changes nothing "
+                f"here, every step can be saved exactly)"
             )
         self.snapshot_every_n_steps = snapshot_every_n_steps
         super().__init__(*args, **kwargs)
