@@ -480,6 +480,37 @@ def test_out_of_order_delivers_other_batches_while_one_is_slow(tmp_path, Loader)
     assert sorted(order) == list(range(12)), f"every batch exactly once: {order}"
 
 
+class GatedHalves(tud.IterableDataset):
+    """Worker w yields (w, i) for its half of 0..9; worker 1's first item
+    waits until ``gate`` exists."""
+
+    def __init__(self, gate):
+        self.gate = str(gate)
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        for i in range(info.id * 5, info.id * 5 + 5):
+            while info.id == 1 and i == 5 and not os.path.exists(self.gate):
+                time.sleep(0.01)
+            yield info.id, i
+
+
+@pytest.mark.timeout(60)
+def test_out_of_order_iterable_hands_batches_to_workers_with_room_as_torch(tmp_path):
+    """With in_order=False, torch skips a worker whose share of the window
+    is in hand; so does conveyor: worker 0 delivers all its items while
+    worker 1 is stuck (strict round robin would fill the window with
+    worker 1's tasks and wait)."""
+    gate = tmp_path / "gate"
+    loader = ct.DataLoader(GatedHalves(gate), num_workers=2, in_order=False, timeout=30)
+    it = iter(loader)
+    first = [tuple(int(v) for v in next(it)) for _ in range(5)]
+    gate.touch()
+    rest = [tuple(int(v) for v in b) for b in it]
+    assert first == [(0, i) for i in range(5)]
+    assert rest == [(1, i) for i in range(5, 10)]
+
+
 # ================================================== 3. persistent workers
 @pytest.mark.timeout(30)
 def test_persistent_workers_serve_every_epoch_with_the_same_processes(Loader):
@@ -568,7 +599,7 @@ class InfoProbe:
         try:
             info.id = 99
             frozen = False
-        except RuntimeError:
+        except AttributeError:  # dataclasses.FrozenInstanceError, as torch 2.13's WorkerInfo
             frozen = True
         return {
             "pid": os.getpid(),
@@ -578,6 +609,7 @@ class InfoProbe:
             "dataset_is_own_copy": info.dataset is self,
             "type": type(info).__name__,
             "frozen": frozen,
+            "repr_has_torch_fields": all(f"{k}=" in repr(info) for k in ("id", "num_workers", "seed", "dataset", "rng")),
         }
 
 
@@ -591,7 +623,7 @@ def test_get_worker_info_describes_the_worker_inside_and_is_none_outside(Loader)
     for s in samples:
         assert id_by_pid.setdefault(s["pid"], s["id"]) == s["id"], "one id per worker"
         assert s["num_workers"] == 3 and s["dataset_is_own_copy"] and s["frozen"]
-        assert s["type"] == "WorkerInfo"
+        assert s["type"] == "WorkerInfo" and s["repr_has_torch_fields"]
         # As torch: each worker's seed is the epoch's base seed plus its id.
         assert s["seed"] == (conveyor.derive_seed(9, 0) + s["id"]) & ((1 << 63) - 1)
     assert sorted(id_by_pid.values()) == [0, 1, 2]

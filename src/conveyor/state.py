@@ -291,11 +291,12 @@ def _iterable_states(loader: Any, fetcher: Any) -> dict[str, Any]:
 
 
 def _check_savable(loader: Any) -> None:
-    if loader._iterable and loader.num_workers > 0 and not loader.in_order and _is_stateful(loader.dataset):
+    if loader._iterable and loader.num_workers > 0 and not loader.in_order:
         raise NotImplementedError(
-            f"DataLoader.state_dict: {type(loader.dataset).__name__} has state_dict/load_state_dict, and its "
-            f"copies in {loader.num_workers} workers are saved as of the batches delivered in order; with "
-            f"in_order=False there is no such point. Use in_order=True to save and resume it exactly."
+            f"DataLoader.state_dict: with in_order=False, the {loader.num_workers} workers' copies of "
+            f"{type(loader.dataset).__name__} are handed batches as they have room (as torch does), so "
+            f"which worker's data a batch holds depends on timing, and there is no point at which all the "
+            f"delivered batches are known per worker. Use in_order=True to save and resume it exactly."
         )
 
 

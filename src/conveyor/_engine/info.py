@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerInfo:
-    """What :func:`get_worker_info` returns inside a worker.
+    """What :func:`get_worker_info` returns inside a worker (the fields of
+    torch's ``WorkerInfo``; read-only, as torch's).
 
     Attributes:
         id: this worker's id, ``0 <= id < num_workers``.
@@ -20,17 +21,17 @@ class WorkerInfo:
         seed: the seed this worker's generators got at start
             (``base_seed + id``, as in torch).
         dataset: this process's copy of the dataset.
+        rng: None (torch keeps a random-state container here for thread
+            workers; conveyor seeds each batch instead, see docs/differences.md).
+        worker_method: how workers run: ``"multiprocessing"``.
     """
 
     id: int
     num_workers: int
     seed: int
     dataset: Any
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        if getattr(self, "_frozen", False):
-            raise RuntimeError(f"Cannot assign attributes to {type(self).__name__} objects")
-        super().__setattr__(key, value)
+    rng: Any = None
+    worker_method: Optional[str] = "multiprocessing"
 
 
 #: Set once in each worker process; None in the main process.

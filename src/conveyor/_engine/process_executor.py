@@ -232,7 +232,7 @@ class ProcessExecutor:
             while not self._plan_done and len(self._pending) + len(self._reorder) < limit:
                 worker = self._choose_worker()
                 if worker is None:
-                    if not any(w.active for w in self._workers):
+                    if not any(w.active and not w.exited for w in self._workers):
                         self._plan_done = True
                     break
                 try:
@@ -252,13 +252,19 @@ class ProcessExecutor:
         turn = next(self._cycle)
         if self.config.spec.iterable:
             # Round robin over all workers, skipping retired ones, as torch:
-            # which worker serves a batch decides its content.
+            # which worker serves a batch decides its content. With
+            # in_order=False, also skipping those with their share of the
+            # window in hand (as torch), so a slow worker holds back no other;
+            # None when every one has.
             count = len(self._workers)
+            share = None if self.config.in_order else self.config.prefetch_factor * count // len(active)
             for step in range(count):
                 worker = self._workers[(turn + step) % count]
-                if worker.active and not worker.exited:
+                if worker.active and not worker.exited and (share is None or len(worker.outstanding) < share):
                     self._cycle = itertools.count(turn + step + 1)
                     return worker
+            self._cycle = itertools.count(turn + count)
+            return None
         # Map-style: the least busy worker; content does not depend on it.
         return min(active, key=lambda w: (len(w.outstanding), (w.id - turn) % len(self._workers)))
 

@@ -100,9 +100,7 @@ class WorkerConfig:
 
 
 def _set_worker_info(config: WorkerConfig) -> None:
-    info = WorkerInfo(config.worker_id, config.num_workers, config.seed, config.fetch.dataset)
-    object.__setattr__(info, "_frozen", True)
-    _info.current = info
+    _info.current = WorkerInfo(config.worker_id, config.num_workers, config.seed, config.fetch.dataset)
 
     def tell_torch(torch: Any) -> None:
         # One intra-op thread per worker, as torch's workers: N workers each
