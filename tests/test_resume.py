@@ -1034,3 +1034,45 @@ def test_the_users_own_sampler_resumes_exactly(kind, num_workers):
 def test_a_sampler_that_cannot_be_replayed_says_so_instead_of_yielding_other_samples(kind):
     with pytest.raises(RuntimeError, match="cannot resume exactly: the (batch_)?sampler .* gave another first batch"):
         _resume_in_second_epoch(kind, 0)
+
+
+class OwnIterator(conveyor.IterableDataset):
+    """An iterable dataset that is its own iterator: ``__iter__`` sets up its
+    position (its worker's share) and returns ``self``."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        info = conveyor.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        share = self.n // workers
+        self.at, self.end = share * worker, share * (worker + 1)
+        return self
+
+    def __next__(self):
+        if self.at >= self.end:
+            raise StopIteration
+        self.at += 1
+        return self.at - 1
+
+    def state_dict(self):
+        return {"at": self.at, "end": self.end}
+
+    def load_state_dict(self, state):
+        self.at, self.end = state["at"], state["end"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_dataset_that_is_its_own_iterator_resumes_where_it_stood(num_workers):
+    """Its state is restored after iter() (which sets its position up), as torchdata does."""
+    loader = DataLoader(OwnIterator(40), batch_size=None, num_workers=num_workers)
+    it = iter(loader)
+    seen = [int(next(it)) for _ in range(30)]
+    state = json_round_trip(loader.state_dict())
+    del it, loader
+    resumed = DataLoader(OwnIterator(40), batch_size=None, num_workers=num_workers)
+    resumed.load_state_dict(state)
+    seen += [int(x) for x in resumed]
+    assert sorted(seen) == list(range(40))

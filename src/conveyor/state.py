@@ -492,7 +492,7 @@ def load(loader: Any, state: Any) -> None:
     )
     sampler_state = state["sampler"]
     jumps = _has_position(sampler_state)
-    with _undone_on_failure(loader):
+    with _undone_on_failure(loader, state["dataset_state"] is not None):
         _apply(loader, state, in_epoch and not jumps)
     if refetch and position + len(ahead) > 0:
         warnings.warn(
@@ -536,13 +536,14 @@ def _apply(loader: Any, state: Mapping[str, Any], replays: bool) -> None:
 
 
 @contextlib.contextmanager
-def _undone_on_failure(loader: Any) -> Iterator[None]:
-    """Put the sampler, the generator and the dataset back as they were if
-    the block raises (a sampler or dataset refusing its part of the state)."""
+def _undone_on_failure(loader: Any, loads_dataset: bool) -> Iterator[None]:
+    """Put the sampler, the generator and (when ``loads_dataset``) the
+    dataset back as they were if the block raises (a sampler or dataset
+    refusing its part of the state)."""
     sampler, dataset = loader._index_sampler, loader.dataset
     sampler_before = replay_point(sampler, loader._flavor)
     generator_before = _generator_state(loader)
-    dataset_before = dataset.state_dict() if loader._iterable and _is_stateful(dataset) else None
+    dataset_before = dataset.state_dict() if loads_dataset and _is_stateful(dataset) else None
     try:
         yield
     except BaseException:

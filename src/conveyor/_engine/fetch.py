@@ -132,13 +132,16 @@ class IterableFetcher:
         return _is_stateful(self.spec.dataset) or (self._iterator is not None and _is_stateful(self._iterator))
 
     def state(self) -> dict:
-        """Where this process's copy stands: plain values for DataLoader.state_dict."""
+        """Where this process's copy stands: plain values for DataLoader.state_dict.
+
+        A dataset that is its own iterator (``__iter__`` returns ``self``)
+        gives its state as the iterator's, restored after ``iter()`` (which
+        would otherwise reset it), as torchdata does."""
         dataset, iterator = self.spec.dataset, self._iterator
+        own_iterator = iterator is dataset
         return {
-            "dataset_state": dataset.state_dict() if _is_stateful(dataset) else None,
-            "iterator_state": iterator.state_dict()
-            if iterator is not None and iterator is not dataset and _is_stateful(iterator)
-            else None,
+            "dataset_state": dataset.state_dict() if _is_stateful(dataset) and not own_iterator else None,
+            "iterator_state": iterator.state_dict() if iterator is not None and _is_stateful(iterator) else None,
             "iterator_ended": self.ended,
             "served": self.served,
         }
