@@ -1076,3 +1076,48 @@ def test_a_dataset_that_is_its_own_iterator_resumes_where_it_stood(num_workers):
     resumed.load_state_dict(state)
     seen += [int(x) for x in resumed]
     assert sorted(seen) == list(range(40))
+
+
+class DrawsTorch:
+    """Each sample is a draw from torch's global generator (an augmentation)."""
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return i, int(torch.randint(1000, (1,)))
+
+
+def _epoch(loader):
+    return [[x.tolist() for x in b] for b in loader]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("when", ["after iter(), before the first batch", "at an epoch's end", "before any iter()"])
+def test_the_global_generator_decides_and_the_state_still_names_the_draws(when, num_workers):
+    """No seed= and no generator=: the shuffle and the batch seeds come from
+    torch's global generator. A state saved before the draws that a resumed
+    run would make (not yet made, or the next epoch's) holds them, as
+    torchdata's does, so the resumed run yields the same batches."""
+
+    def make():
+        return ct.DataLoader(DrawsTorch(), batch_size=5, shuffle=True, num_workers=num_workers)
+
+    torch.manual_seed(0)
+    loader = make()
+    if when == "after iter(), before the first batch":
+        it = iter(loader)
+        state = json_round_trip(loader.state_dict())
+        expected = _epoch(it)
+    elif when == "at an epoch's end":
+        _epoch(loader)
+        state = json_round_trip(loader.state_dict())
+        expected = _epoch(loader)
+    else:
+        state = json_round_trip(loader.state_dict())
+        expected = _epoch(loader)
+    torch.manual_seed(12345)  # a restarted job's global generator is elsewhere
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert _epoch(resumed) == expected

@@ -22,6 +22,7 @@ import multiprocessing
 import numbers
 import os
 import sys
+import threading
 import warnings
 import weakref
 from functools import partial
@@ -207,6 +208,9 @@ class DataLoader(Generic[T_co]):
         #: The base seed of the latest iteration (with persistent workers,
         #: the next one derives its own from it; see _base_seed).
         self._last_base_seed: Optional[int] = None
+        #: The next iteration's base seed, drawn ahead by a state saved
+        #: between epochs (see pin_next_epoch) or loaded from one.
+        self._next_base_seed: Optional[int] = None
         self.__initialized = True
         self._warn_worker_count()
 
@@ -457,11 +461,26 @@ class DataLoader(Generic[T_co]):
         the sampler the same numbers as under torch."""
         if self.seed is not None:
             return rng.derive_seed(self.seed, epoch)
+        if self._next_base_seed is not None:
+            seed, self._next_base_seed = self._next_base_seed, None
+            return seed
         if self._keeps_base_seed and self._last_base_seed is not None:
             return rng.derive_seed(self._last_base_seed, epoch)
         if self.generator is not None:
             return rng.source_for(self.generator, self._flavor).draw_seed()
         return rng.draw_seed(self._flavor)
+
+    def _pin_next_epoch(self) -> int:
+        """Draw now what the next iteration draws from a generator (its base
+        seed, then the index sampler's seed), as torch orders them, and keep
+        it for that iteration: a state saved between epochs then holds the
+        next epoch's shuffle and batch seeds. Returns the base seed."""
+        if self._next_base_seed is None:
+            self._next_base_seed = self._base_seed(self._epoch)
+            pin = getattr(self._index_sampler, "pin_next_draw", None)
+            if callable(pin):
+                pin()
+        return self._next_base_seed
 
     @property
     def _keeps_base_seed(self) -> bool:
@@ -586,8 +605,9 @@ class _LoaderIterator:
         if sampler_skip:
             what = f"the {'batch_sampler' if loader.batch_sampler is not None else 'sampler'} {type(loader._index_sampler).__name__}"
             indices = replay(indices, sampler_skip, resume.first_batch, what)
-        on_first_draw = partial(progress.note_first_draw, loader._index_sampler)
-        plan = self._plan(indices, progress.base_seed, first, skip, on_first_draw, loader._iterable)
+        drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, loader._index_sampler, first=first == 0))
+        progress.draw_first = drawn.draw_first
+        plan = self._plan(drawn, progress.base_seed, first, skip, loader._iterable)
         workers_resume = resume.worker_progress if resume is not None and not resume.refetch else None
         executor.begin_epoch(next(_pass_ids), plan, first, skip, workers_resume)
         if loader._iterable and not loader.num_workers:
@@ -605,21 +625,13 @@ class _LoaderIterator:
 
     @staticmethod
     def _plan(
-        indices: Iterator,
-        base_seed: int,
-        first_index: int,
-        skip: frozenset,
-        on_first_draw: Optional[Callable[[Any, bool], None]],
-        iterable: bool,
+        indices: Iterator, base_seed: int, first_index: int, skip: frozenset, iterable: bool
     ) -> Iterator[PlannedBatch]:
         """The epoch's batches from ``first_index`` on, each with its seed,
         leaving out ``skip``. (A resumed sampler that cannot jump has already
         drawn and dropped the batches before ``first_index``: ``replay``.)"""
         batch_index = first_index
         for batch in indices:
-            if on_first_draw is not None:
-                on_first_draw(batch, batch_index == 0)
-                on_first_draw = None
             if batch_index not in skip:
                 # Map-style: the batch's own seed. Iterable: the base seed; the
                 # fetcher derives each batch's from (worker, its batch count).
@@ -674,6 +686,44 @@ class _LoaderIterator:
     def __getstate__(self):
         raise TypeError(f"{type(self).__name__} cannot be pickled; save loader.state_dict() instead")
 
+
+
+class _FirstDrawAhead:
+    """The index sampler's batches, whose first one can be drawn ahead of
+    time: a state saved before the first batch is delivered must name the
+    epoch's draw (a shuffle not yet drawn from the global generator would
+    be drawn anew after a resume). ``on_first(batch)`` sees the first batch
+    drawn. Thread-safe: the pin thread may iterate while the main thread saves."""
+
+    def __init__(self, batches: Iterator, on_first: Callable[[Any], None]):
+        self._batches = batches
+        self._on_first: Optional[Callable[[Any], None]] = on_first
+        self._ahead: list = []
+        self._lock = threading.Lock()
+
+    def draw_first(self) -> None:
+        """Draw the first batch now, if it was not drawn yet."""
+        with self._lock:
+            if self._on_first is not None:
+                self._draw()
+
+    def _draw(self) -> None:
+        on_first, self._on_first = self._on_first, None
+        for batch in self._batches:
+            self._ahead.append(batch)
+            on_first(batch)
+            break
+
+    def __iter__(self) -> "_FirstDrawAhead":
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._on_first is not None:
+                self._draw()
+            if self._ahead:
+                return self._ahead.pop()
+            return next(self._batches)
 
 
 def _pin_delivered(delivered: Delivered) -> Delivered:

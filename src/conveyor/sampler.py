@@ -331,6 +331,8 @@ class _Draws:
         self.policy = policy
         self._for: Any = None
         self._source: Any = None
+        #: A seed drawn ahead for the next iteration (see pin).
+        self._pinned: Any = None
 
     def own(self, generator: Any) -> Any:
         if self._source is None or self._for is not generator:
@@ -343,17 +345,28 @@ class _Draws:
             return "global"
         return "torch" if isinstance(self.own(generator), TorchSource) else "numpy"
 
+    def _reseeds(self, generator: Any) -> bool:
+        return generator is None and not (self.policy == "global" and self.flavor == "torch")
+
     def begin(self, generator: Any) -> tuple[Any, Any]:
         if generator is not None:
             source = self.own(generator)
             return source, {"state": source.get_state()}
-        if self.policy == "global" and self.flavor == "torch":
+        if not self._reseeds(generator):
             import torch
 
             source = TorchSource(torch.default_generator)
             return source, {"state": source.get_state()}
-        seed = draw_seed(self.flavor)
+        record, self._pinned = self._pinned, None
+        seed = draw_seed(self.flavor) if record is None else int(record["seed"])
         return source_for(seed, self.flavor), {"seed": seed}
+
+    def pin(self, generator: Any) -> None:
+        """Draw the next iteration's seed from the global generator now, so
+        that a state saved between iterations holds it (no-op when the draws
+        come from a generator, whose state is saved anyway)."""
+        if self._reseeds(generator) and self._pinned is None:
+            self._pinned = {"seed": draw_seed(self.flavor)}
 
     def replay(self, generator: Any, record: Mapping[str, Any]) -> Any:
         if generator is not None:
@@ -367,10 +380,14 @@ class _Draws:
         return source
 
     def idle_record(self, generator: Any) -> Any:
-        return None if generator is None else {"state": self.own(generator).get_state()}
+        if generator is None:
+            return self._pinned
+        return {"state": self.own(generator).get_state()}
 
     def restore_idle(self, generator: Any, record: Any) -> None:
-        if generator is not None and record is not None:
+        if generator is None:
+            self._pinned = record if self._reseeds(generator) and isinstance(record, Mapping) else None
+        elif record is not None:
             self.own(generator).set_state(record["state"])
 
 
@@ -401,6 +418,12 @@ class _DrawsFromGenerator(_Resumable):
 
     def _restore_idle(self, record: Any) -> None:
         self._draws().restore_idle(self.generator, record)
+
+    def pin_next_draw(self) -> None:
+        """Draw what the next iteration draws from the global generator now
+        (its seed), so that a state saved between epochs holds it."""
+        if getattr(self, "seed", None) is None:
+            self._draws().pin(self.generator)
 
 
 # ---------------------------------------------------------------------------
@@ -884,6 +907,12 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
             return min(items, len(self.sampler))  # type: ignore[arg-type]
         except TypeError:  # no len(): only lowering is possible
             return min(items, saved_items)
+
+    def pin_next_draw(self) -> None:
+        """Forwarded to the inner sampler (see RandomSampler.pin_next_draw)."""
+        pin = getattr(self.sampler, "pin_next_draw", None)
+        if callable(pin):
+            pin()
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``epoch`` to the inner sampler when it has ``set_epoch``."""

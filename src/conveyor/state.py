@@ -36,7 +36,7 @@ import warnings
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Iterator, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -119,6 +119,9 @@ class EpochProgress:
     replay: Any = None
     #: Fingerprint of the epoch's first batch of indices, to check a replay by.
     first_batch: Optional[str] = None
+    #: Draws the iteration's first batch of indices now, if it was not yet
+    #: (set by the iterator; see loader._FirstDrawAhead).
+    draw_first: Optional[Callable[[], None]] = None
     position: int = 0
     delivered_ahead: set = field(default_factory=set)
     finished: bool = False
@@ -135,6 +138,10 @@ class EpochProgress:
         """Batches delivered so far in this epoch."""
         return self.position + len(self.delivered_ahead)
 
+    def __getstate__(self) -> dict:
+        # A pickled loader (spawn workers get one) keeps the record, not the live iteration.
+        return {**self.__dict__, "draw_first": None, "fetcher": None}
+
     def delivered(self, index: int) -> None:
         """Batch ``index`` reached the user (or raised there)."""
         if index == self.position:
@@ -146,7 +153,7 @@ class EpochProgress:
         elif index > self.position:
             self.delivered_ahead.add(index)
 
-    def note_first_draw(self, index_sampler: Any, batch: Any, first: bool) -> None:
+    def note_first_draw(self, index_sampler: Any, batch: Any, *, first: bool) -> None:
         """The first batch of indices drawn by this iteration (``first``:
         and the epoch's first batch): keep its fingerprint, and the state that
         replays this epoch's draw if the sampler can jump to a batch."""
@@ -309,6 +316,8 @@ def save(loader: Any) -> dict[str, Any]:
         return copy.deepcopy(dict(resume.state))
     progress = loader._progress
     if progress is not None and not progress.finished:
+        if progress.count == 0 and progress.draw_first is not None:
+            progress.draw_first()  # the epoch's draw must be in the state
         body = _inside_epoch(loader, progress)
     else:
         body = _between_epochs(loader)
@@ -338,11 +347,12 @@ def _inside_epoch(loader: Any, progress: EpochProgress) -> dict[str, Any]:
 def _between_epochs(loader: Any) -> dict[str, Any]:
     sampler = loader._index_sampler
     dataset_state = _iterable_states(loader, None)["dataset_state"]
+    base_seed = loader._pin_next_epoch()  # (before the sampler's state: it may pin a draw too)
     return {
         "epoch": loader._epoch,
         "in_epoch": False,
-        # With persistent workers the next epoch's base seed derives from the last one's.
-        "base_seed": loader._last_base_seed if loader._keeps_base_seed else None,
+        # The next epoch's base seed, drawn now (with the sampler's seed) so that it is the same after a resume.
+        "base_seed": base_seed,
         "position": 0,
         "delivered_ahead": [],
         "sampler": sampler.state_dict() if _is_stateful(sampler) else None,
@@ -505,7 +515,8 @@ def load(loader: Any, state: Any) -> None:
     loader._epoch = epoch
     loader._progress = None
     loader._resume = None
-    loader._last_base_seed = None if in_epoch else base_seed
+    loader._last_base_seed = None
+    loader._next_base_seed = None if in_epoch else base_seed
     if in_epoch:
         loader._resume = ResumePoint(
             state=copy.deepcopy(dict(state)),
