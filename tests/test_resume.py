@@ -1121,3 +1121,45 @@ def test_the_global_generator_decides_and_the_state_still_names_the_draws(when, 
     resumed = make()
     resumed.load_state_dict(state)
     assert _epoch(resumed) == expected
+
+
+class CountsItsEpochs(conveyor.IterableDataset):
+    """Each worker's copy counts the epochs it has served (persistent workers
+    keep it) and tags its items with that count; the copies run out at
+    different times."""
+
+    def __init__(self):
+        self.epoch = 0
+
+    def __iter__(self):
+        info = conveyor.get_worker_info()
+        sizes = [2, 6]
+        start = sum(sizes[: info.id])
+        for i in range(start, start + sizes[info.id]):
+            yield i, self.epoch
+        self.epoch += 1
+
+    def state_dict(self):
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        self.epoch = state["epoch"]
+
+
+@pytest.mark.timeout(60)
+def test_persistent_workers_copies_carry_their_state_across_a_resume_between_epochs():
+    def make():
+        return DataLoader(CountsItsEpochs(), batch_size=None, num_workers=2, persistent_workers=True)
+
+    def tagged(loader):
+        return sorted((int(i), int(e)) for i, e in loader)
+
+    loader = make()
+    tagged(loader)
+    state = json_round_trip(loader.state_dict())  # the end of epoch 0
+    expected = tagged(loader)
+    assert {e for _, e in expected} == {1}
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert tagged(resumed) == expected
+    assert {e for _, e in tagged(resumed)} == {2}, "and the epoch after"

@@ -211,6 +211,9 @@ class DataLoader(Generic[T_co]):
         #: The next iteration's base seed, drawn ahead by a state saved
         #: between epochs (see pin_next_epoch) or loaded from one.
         self._next_base_seed: Optional[int] = None
+        #: Loaded between epochs: where persistent workers' copies of an
+        #: iterable dataset stood at the end of the saved epoch.
+        self._next_worker_progress: Optional[dict] = None
         self.__initialized = True
         self._warn_worker_count()
 
@@ -608,7 +611,11 @@ class _LoaderIterator:
         drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, loader._index_sampler, first=first == 0))
         progress.draw_first = drawn.draw_first
         plan = self._plan(drawn, progress.base_seed, first, skip, loader._iterable)
-        workers_resume = resume.worker_progress if resume is not None and not resume.refetch else None
+        if resume is not None:
+            workers_resume = resume.worker_progress if not resume.refetch else None
+        else:
+            workers_resume = _state.next_epoch_start(loader._next_worker_progress)
+        loader._next_worker_progress = None
         executor.begin_epoch(next(_pass_ids), plan, first, skip, workers_resume)
         if loader._iterable and not loader.num_workers:
             progress.fetcher = executor.fetcher
@@ -646,10 +653,12 @@ class _LoaderIterator:
         while True:
             try:
                 delivered = self._next_batch()
-            except StopIteration:
+            except StopIteration as end:
+                if end.value is not None:  # where the workers' copies stand at the end
+                    self._progress.worker_progress = end.value
                 self._progress.finished = True
                 self._close()
-                raise
+                raise StopIteration from None
             self._progress.delivered(delivered.index)
             if delivered.worker_progress is not None:
                 self._progress.worker_progress = delivered.worker_progress

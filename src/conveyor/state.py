@@ -344,6 +344,32 @@ def _inside_epoch(loader: Any, progress: EpochProgress) -> dict[str, Any]:
     }
 
 
+def _carried_worker_progress(loader: Any) -> Any:
+    """Between epochs: with persistent workers, each worker's copy of an
+    iterable dataset carries its state into the next epoch (an epoch
+    counter, a shard list); where the copies stood at the latest epoch's end
+    (or as loaded). None when the next epoch starts from fresh copies."""
+    if not (loader._iterable and loader.num_workers > 0 and loader.persistent_workers):
+        return None
+    if loader._next_worker_progress is not None:
+        return loader._next_worker_progress
+    progress = loader._progress
+    return progress.worker_progress if progress is not None and progress.finished else None
+
+
+def next_epoch_start(worker_progress: Any) -> Any:
+    """A worker progress saved between epochs, as the start of the next
+    epoch: each copy's dataset state, a new iteration, every worker active."""
+    if worker_progress is None:
+        return None
+    states = [
+        None if st is None else {"dataset_state": st.get("dataset_state"), "iterator_state": None,
+                                 "iterator_ended": False, "served": 0}
+        for st in worker_progress["states"]
+    ]
+    return {"states": states, "retired": [], "next": 0}
+
+
 def _between_epochs(loader: Any) -> dict[str, Any]:
     sampler = loader._index_sampler
     dataset_state = _iterable_states(loader, None)["dataset_state"]
@@ -361,7 +387,7 @@ def _between_epochs(loader: Any) -> dict[str, Any]:
         "iterator_state": None,
         "iterator_ended": False,
         "iterator_served": 0,
-        "worker_progress": None,
+        "worker_progress": _carried_worker_progress(loader),
         "replay": None,
         "first_batch": None,
     }
@@ -517,6 +543,7 @@ def load(loader: Any, state: Any) -> None:
     loader._resume = None
     loader._last_base_seed = None
     loader._next_base_seed = None if in_epoch else base_seed
+    loader._next_worker_progress = None if in_epoch else worker_progress
     if in_epoch:
         loader._resume = ResumePoint(
             state=copy.deepcopy(dict(state)),

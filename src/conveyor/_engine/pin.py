@@ -63,8 +63,8 @@ class PinThread:
         while not self._stop.is_set():
             try:
                 item = _Item("batch", self._pin(self._next_batch()))
-            except StopIteration:
-                self._put(_Item("end"))
+            except StopIteration as end:
+                self._put(_Item("end", end.value))
                 return
             except BaseException as exc:  # carried to the main thread, raised there
                 self._put(_Item("error", exc))
@@ -87,7 +87,7 @@ class PinThread:
             if item.kind == "batch":
                 return item.value
             if item.kind == "end":
-                raise StopIteration
+                raise StopIteration(item.value)
             raise item.value
 
     def request_stop(self) -> None:

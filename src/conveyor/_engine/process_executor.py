@@ -196,7 +196,8 @@ class ProcessExecutor:
         self._reorder = ReorderBuffer(self.config.in_order, first_index, skip, on_retired)
 
     def next_batch(self) -> Delivered:
-        """The next batch of this epoch; StopIteration at its end."""
+        """The next batch of this epoch; StopIteration at its end, whose
+        ``value`` is the final ``worker_progress`` (iterable datasets) or None."""
         self._check_owner()
         self._raise_if_unusable()
         deadline = time.monotonic() + self.config.timeout_s if self.config.timeout_s > 0 else None
@@ -210,7 +211,9 @@ class ProcessExecutor:
                         return self._delivered(finished)
                 self._dispatch()
                 if self._plan_done and not self._pending and not len(self._reorder):
-                    raise StopIteration
+                    self._reorder.finish()
+                    # The value: where the workers' copies stand at the end (iterable datasets).
+                    raise StopIteration(self._progress.snapshot() if self._progress is not None else None)
                 self._wait(deadline)
         except KeyboardInterrupt:
             self.shutdown()

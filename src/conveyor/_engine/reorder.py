@@ -64,3 +64,11 @@ class ReorderBuffer:
         if record is not None:
             self.next_index += 1
         return record
+
+    def finish(self) -> None:
+        """The epoch is over: pass the retired batches no delivery reached
+        (copies that ran out after the last batch)."""
+        for index in sorted(self._retired):
+            if self._on_retired is not None:
+                self._on_retired(index)
+        self._retired.clear()
