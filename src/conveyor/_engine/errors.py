@@ -17,19 +17,20 @@ import cloudpickle
 
 from .messages import Failure, Fatal
 
-#: Reasons shown next to a signal that killed a worker.
+#: Reasons shown next to a signal that killed a worker, by signal name
+#: (names, not numbers: not every platform has every signal).
 _SIGNAL_HINTS = {
-    signal.SIGKILL: (
+    "SIGKILL": (
         "SIGKILL usually comes from the kernel's out-of-memory killer: lower batch_size, "
         "prefetch_factor or num_workers, or give the job more memory (see `dmesg`)."
     ),
-    signal.SIGBUS: (
+    "SIGBUS": (
         "SIGBUS means memory that was mapped is no longer backed: a memory-mapped file "
         "that was truncated or replaced while in use (np.load(mmap_mode=...), a record "
         "format read through mmap), or shared memory (/dev/shm) filled by tensors your own "
         "code shares (conveyor's transport reserves its memory up front and uses no /dev/shm)."
     ),
-    signal.SIGSEGV: (
+    "SIGSEGV": (
         "SIGSEGV is a crash inside native code (a C extension, a decoder, a library that is "
         "not fork-safe): try multiprocessing_context='spawn' or num_workers=0 to find it."
     ),
@@ -169,7 +170,10 @@ def describe_exit(pid: int, exitcode: Optional[int]) -> str:
         except ValueError:
             name = f"signal {signum}"
         text = f"DataLoader worker (pid {pid}) is killed by signal: {name}."
-        hint = _SIGNAL_HINTS.get(signum)
+        try:
+            hint = _SIGNAL_HINTS.get(signal.Signals(signum).name)
+        except ValueError:
+            hint = None
         return f"{text} {hint}" if hint else text
     return f"DataLoader worker (pid(s) {pid}) exited unexpectedly with exit code {exitcode}."
 
