@@ -12,7 +12,7 @@ that no worker process is left behind.
     main ◀──result unpickle── pipe ◀──result pickle── worker    2, 3, 6 (collate output; a crash mid-write)
     main: shared-memory views → torch tensors                    4 (conversion error, differential vs torch)
     main ──config (spawn, forkserver)──▶ worker start-up         5 (dataset.__setstate__ raises)
-    worker ──shared-memory slot──▶ main                          7, 8 (slot cannot grow; no memfd at all)
+    worker ──shared-memory slot──▶ main                          7, 8 (slot cannot grow; no shared memory at all)
     both pipes full at once                                      9 (sizes that used to deadlock)
     the user's own os.fork()                                     10
     user code in the worker                                      11 (__getitem__, __iter__, collate_fn,
@@ -590,18 +590,20 @@ def test_a_slot_that_cannot_grow_sends_batches_inline_with_one_warning(tmp_path,
     assert_no_worker_left(before)
 
 
-# ================================================================== 8. no memfd
+# ======================================================= 8. no shared memory
 @pytest.mark.parametrize("method", METHODS)
-def test_without_memfd_batches_travel_through_pipes_with_a_warning(monkeypatch, method):
-    """memfd_create fails in the main process: one warning that batches
-    travel through pipes, and every batch is right."""
+def test_without_shared_memory_batches_travel_through_pipes_with_a_warning(monkeypatch, method):
+    """memfd_create and its fallback shm_open both fail in the main process:
+    one warning that batches travel through pipes, and every batch is right."""
+    import _posixshmem
 
-    def no_memfd(*args, **kwargs):
-        raise OSError(errno.ENOSYS, "memfd_create is not available here")
+    def unavailable(*args, **kwargs):
+        raise OSError(errno.ENOSYS, "not available here")
 
     before = procutil.descendants()
     expected = [b.tolist() for b in conveyor.DataLoader(Images(48), batch_size=8)]
-    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    monkeypatch.setattr(os, "memfd_create", unavailable)
+    monkeypatch.setattr(_posixshmem, "shm_open", unavailable)
     loader = conveyor.DataLoader(Images(48), batch_size=8, num_workers=2, multiprocessing_context=method)
     with pytest.warns(UserWarning, match="batches travel through pipes"):
         got = [b.tolist() for b in loader]

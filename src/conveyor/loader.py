@@ -35,6 +35,7 @@ from . import state as _state
 from .sampler import replay
 from ._engine.executor import Delivered, InProcessExecutor, PlannedBatch
 from ._engine.process_executor import ProcessConfig, ProcessExecutor
+from ._engine import portable
 from ._engine.fetch import FetchSpec, collate_route
 from ._engine.launch import START_METHODS, resolve_start_method
 from ._engine.pin import PinThread, pin_tree
@@ -247,6 +248,10 @@ class DataLoader(Generic[T_co]):
                     "prefetch_factor=0 would keep no batch in flight and load nothing; use 1 or more "
                     "(the default is 2)"
                 )
+        if num_workers > 0:
+            unsupported = portable.workers_unsupported()
+            if unsupported is not None:
+                raise NotImplementedError(unsupported)
         if persistent_workers and num_workers == 0:
             raise ValueError(
                 "persistent_workers option needs num_workers > 0 (conveyor: set num_workers, or drop "

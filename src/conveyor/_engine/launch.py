@@ -8,12 +8,16 @@
                 numpy-only workers import it, and workers start fast)
 
 Each start gives a :class:`WorkerProcess` with a pid, a waitable sentinel, an
-exit code, and ``kill``/``join``.
+exit code, and ``kill``/``join``. The sentinel of a fork or forkserver worker
+is multiprocessing's; a spawn worker's is a pidfd where Linux has one, else
+its life pipe: the main process keeps the read end, the worker inherits the
+write end and never writes to it, so the read end turns readable (end of
+file) when the worker exits, however it dies (``portable.py`` lists each
+such fallback).
 """
 
 from __future__ import annotations
 
-import fcntl
 import multiprocessing
 import os
 import pickle
@@ -25,6 +29,7 @@ from typing import Any, Optional
 
 import cloudpickle
 
+from . import portable
 from .wire import FrameReader, FrameWriter, pack
 from .worker import WorkerConfig, fork_entry, pickled_entry
 
@@ -49,7 +54,8 @@ def _forget_workers_in_child() -> None:
     _mp_workers.clear()
 
 
-os.register_at_fork(after_in_child=_forget_workers_in_child)
+if hasattr(os, "register_at_fork"):  # (not on Windows, which has no fork)
+    os.register_at_fork(after_in_child=_forget_workers_in_child)
 
 
 class WorkerProcess:
@@ -85,7 +91,8 @@ class WorkerProcess:
         return p.exitcode is not None
 
     def close(self) -> None:
-        """Release the sentinel once the process has been reaped."""
+        """Release the sentinel (a pidfd or a life pipe's read end under
+        spawn) once the process has been reaped."""
         if isinstance(self._process, subprocess.Popen):
             try:
                 os.close(self.sentinel)
@@ -98,15 +105,6 @@ class WorkerProcess:
                 pass
 
 
-def _pipe() -> tuple[int, int]:
-    r, w = os.pipe2(os.O_CLOEXEC)
-    try:
-        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-    except OSError:  # a lower pipe-max-size: the default buffer still works
-        pass
-    return r, w
-
-
 class Channels:
     """The two pipes of one worker. The main process keeps ``tasks`` (a
     non-blocking :class:`FrameWriter`) and ``results`` (a non-blocking
@@ -114,8 +112,8 @@ class Channels:
     process closes once the worker has started."""
 
     def __init__(self) -> None:
-        task_r, task_w = _pipe()
-        result_r, result_w = _pipe()
+        task_r, task_w = portable.pipe(_PIPE_BYTES)
+        result_r, result_w = portable.pipe(_PIPE_BYTES)
         self.worker_task_fd = task_r
         self.worker_result_fd = result_w
         self.tasks = FrameWriter(task_w)
@@ -155,7 +153,12 @@ class _PassedFd:
 
 
 def resolve_start_method(context: Any) -> str:
-    """``None`` → the platform default; a name or a context → its name."""
+    """``None`` → the platform default; a name or a context → its name.
+    Called before any worker starts: raises NotImplementedError, naming the
+    way out, on a platform where workers cannot run (Windows)."""
+    unsupported = portable.workers_unsupported()
+    if unsupported is not None:
+        raise NotImplementedError(unsupported)
     if context is None:
         return multiprocessing.get_start_method()
     if isinstance(context, str):
@@ -180,8 +183,9 @@ def start_worker(method: str, config: WorkerConfig, payload: Optional[bytes], ch
     if method == "forkserver":
         ctx = multiprocessing.get_context("forkserver")
         proc = ctx.Process(
-            target=pickled_entry,
+            target=_forkserver_entry,
             args=(
+                portable.LINUX_PATHS,
                 config.worker_id,
                 payload,
                 _PassedFd(channels.worker_task_fd),
@@ -199,19 +203,45 @@ def start_worker(method: str, config: WorkerConfig, payload: Optional[bytes], ch
     raise ValueError(f"unknown start method {method!r}; expected one of {START_METHODS}")
 
 
+def _forkserver_entry(linux_paths: bool, *args: Any) -> None:
+    """A forkserver worker takes its main process's side of the portable
+    switch (the forkserver itself may have started under another)."""
+    portable.LINUX_PATHS = linux_paths
+    pickled_entry(*args)
+
+
 def _spawn(worker_id: int, channels: Channels, shared_fds: tuple) -> WorkerProcess:
     task_fd, result_fd = channels.worker_task_fd, channels.worker_result_fd
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env.pop(portable.ENV_VAR, None)
+    if not portable.LINUX_PATHS:
+        env[portable.ENV_VAR] = "1"
     code = "from conveyor._engine.worker import spawn_main; spawn_main()"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(task_fd), str(result_fd), str(worker_id)],
-        pass_fds=(task_fd, result_fd, *shared_fds),
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-    return WorkerProcess(proc.pid, os.pidfd_open(proc.pid), proc)
+    life_r, life_w = (-1, -1) if portable.pidfd_works() else portable.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(task_fd), str(result_fd), str(worker_id)],
+            pass_fds=(task_fd, result_fd, *shared_fds, *((life_w,) if life_w >= 0 else ())),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    except BaseException:
+        if life_r >= 0:
+            os.close(life_r)
+        raise
+    finally:
+        if life_w >= 0:
+            os.close(life_w)  # the worker's copy alone keeps the pipe open
+    if life_r >= 0:
+        return WorkerProcess(proc.pid, life_r, proc)
+    try:
+        return WorkerProcess(proc.pid, os.pidfd_open(proc.pid), proc)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def deliver_config(method: str, channels: Channels, payload: Optional[bytes]) -> None:

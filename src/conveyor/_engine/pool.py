@@ -139,7 +139,6 @@ def start_workers(
     num_workers: int,
     stop_fd: Optional[int],
     slot_fds: tuple,
-    with_stacks: bool,
 ) -> list[WorkerHandle]:
     """Start ``num_workers`` workers; ``make_config(worker_id, fds,
     close_fds)`` gives each its config. Under spawn the configs are queued
@@ -149,7 +148,7 @@ def start_workers(
     try:
         for wid in range(num_workers):
             channels = Channels()
-            stack = StackFile() if with_stacks else None
+            stack = StackFile()
             fds = WorkerFds(stop=stop_fd, stack=stack.fd if stack else None, slots=slot_fds)
             close_fds = tuple(fd for w in workers for fd in w.channels.main_fds()) + channels.main_fds()
             config = make_config(wid, fds, close_fds)
@@ -236,7 +235,7 @@ class WorkerPool:
             self.slots = SlotPool(num_slots)
         except OSError as exc:
             warnings.warn(
-                f"conveyor: shared memory (memfd_create) is unavailable here ({exc}); batches travel "
+                f"conveyor: shared memory (memfd_create, shm_open) is unavailable here ({exc}); batches travel "
                 f"through pipes instead (same data, slower).",
                 stacklevel=6,
             )
@@ -248,7 +247,6 @@ class WorkerPool:
                 num_workers,
                 self.stop_flag.fd if self.stop_flag is not None else None,
                 tuple(self.slots.fds) if self.slots is not None else (),
-                with_stacks=self.slots is not None,
             )
         except BaseException:
             self.stop()

@@ -1,22 +1,25 @@
 """Shared-memory slots: batches travel between processes without pickling
 their bytes and without a fresh allocation per batch.
 
-    main: SlotPool ── creates memfds, lends free slot k in a Task ──▶ any worker
+    main: SlotPool ── creates shared files, lends free slot k in a Task ──▶ any worker
     worker: SlotWriter(k) ── collate allocates in slot k (grows it if needed) ──▶ Batch header
     main: SlotPool.decode ── views on slot k ── user ── last view dropped ──▶ slot k free again
 
 Ownership rule:
-  * The main process creates every slot (an anonymous ``memfd``: no file in
-    /dev/shm, and the kernel frees the memory when the last descriptor and
-    mapping are gone, whichever process dies) before the workers start; every
-    worker inherits the descriptors of every slot (one pool serves them all).
+  * The main process creates every slot (an anonymous ``memfd``, or where
+    there is none a POSIX shared-memory object unlinked at once, see
+    ``portable.py``: no file in /dev/shm, and the kernel frees the memory
+    when the last descriptor and mapping are gone, whichever process dies)
+    before the workers start; every worker inherits the descriptors of every
+    slot (one pool serves them all).
   * A slot belongs to the worker from the moment a Task names it until the
     worker's Batch arrives; then to the main process while any array or tensor
     handed to the user refers to it; then it is free. Only the main process
     decides which slot a task writes to, so a slot in use is never written.
   * Only the worker grows a slot (``ftruncate`` + ``posix_fallocate``, so a
-    full memory fails there with an error instead of a Bus error later); the
-    main process maps the new size when a header says so.
+    full memory fails there with an error instead of a Bus error later;
+    ``portable.resize_shared_file``); the main process maps the new size
+    when a header says so.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from .portable import resize_shared_file, shared_memory_file
 from .tree import map_leaves
 
 #: Arrays start at multiples of this (cache lines, and what SIMD loads like).
@@ -58,11 +62,12 @@ class SlotFull(Exception):
 
 
 def create_slot_fds(count: int) -> list[int]:
-    """``count`` empty anonymous memory files (raises OSError without memfd)."""
+    """``count`` empty anonymous memory files (raises OSError where the
+    system has no anonymous shared memory)."""
     fds = []
     try:
         for _ in range(count):
-            fds.append(os.memfd_create("conveyor-slot", os.MFD_CLOEXEC))
+            fds.append(shared_memory_file("slot"))
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -92,7 +97,7 @@ class Leaf:
 
 
 class SlotWriter:
-    """Worker side of one slot: a bump allocator over a growable memfd.
+    """Worker side of one slot: a bump allocator over a growable shared file.
 
     A big slot is mapped for one task at a time (``begin`` .. ``end``), with
     its pages populated in one call: a mapping kept between tasks would
@@ -145,8 +150,7 @@ class SlotWriter:
     def _grow(self, needed: int) -> None:
         new_size = _round_up(max(needed, int(self.size * _GROWTH_FACTOR)), mmap.PAGESIZE)
         try:
-            os.ftruncate(self.fd, new_size)
-            os.posix_fallocate(self.fd, 0, new_size)
+            resize_shared_file(self.fd, new_size)
         except OSError as exc:
             raise SlotFull(f"cannot grow a shared-memory slot to {new_size} bytes: {exc}") from exc
         self.size = new_size
@@ -199,9 +203,13 @@ class StopFlag:
 
     def __init__(self, fd: Optional[int] = None):
         self.owner = fd is None
-        self.fd = create_slot_fds(1)[0] if fd is None else fd
+        self.fd = shared_memory_file("stop") if fd is None else fd
         if self.owner:
-            os.ftruncate(self.fd, mmap.PAGESIZE)
+            try:
+                os.ftruncate(self.fd, mmap.PAGESIZE)
+            except BaseException:
+                os.close(self.fd)
+                raise
         self._map = mmap.mmap(self.fd, mmap.PAGESIZE)
 
     def set(self) -> None:

@@ -1,9 +1,9 @@
 """A worker's Python stack, for the user: when it crashes, and when it stalls.
 
-    main: StackFile (one anonymous memfd per worker) ──fd──▶ worker
+    main: StackFile (one anonymous file per worker) ──fd──▶ worker
     worker: faulthandler writes every thread's stack into it
               * on a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL), then dies
-              * on STACK_SIGNAL, sent by the main process, then carries on
+              * on the stack signal (stack_signal()), sent by the main process, then carries on
     main: reads the file: the crash report names where the worker was; the
           stall watchdog shows where it is stuck
 
@@ -12,7 +12,8 @@ worker is stuck in native code holding the GIL. The dump goes to the file,
 never to the terminal (a crashed worker used to print a fatal-error dump
 into the user's output, and into test logs).
 
-Ownership: the main process creates the file and closes it with the pool;
+Ownership: the main process creates the file (a memfd, or a temporary file
+unlinked at once: ``portable.scratch_file``) and closes it with the pool;
 the worker only writes. Both share one file offset (one open file
 description), so the main process rewinds it before it asks for a stack.
 """
@@ -25,9 +26,8 @@ import signal
 import time
 from typing import Optional
 
-#: The signal that asks a worker for its stack. A real-time signal: user code
-#: rarely claims one (SIGUSR1/2 are often taken by frameworks).
-STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
+from . import portable
+
 #: How long to wait for a worker to write its stack once asked.
 _DUMP_WAIT_S = 1.0
 #: The dump is complete once the file has not grown for this long.
@@ -36,19 +36,35 @@ _DUMP_SETTLE_S = 0.05
 _MAX_DUMP_BYTES = 64 * 1024
 
 
+def stack_signal() -> Optional[int]:
+    """The signal that asks a worker for its stack (None: this platform has
+    none to spare). A real-time signal where there are some: user code
+    rarely claims one (SIGUSR1/2 are often taken by frameworks). Decided
+    per call, from ``portable.LINUX_PATHS``, which a worker shares with its
+    main process."""
+    if portable.realtime_signals():
+        return signal.SIGRTMIN + 3
+    return getattr(signal, "SIGUSR2", None)
+
+
 def install(fd: Optional[int]) -> None:
     """In a worker: write stacks into ``fd`` on a crash and on request."""
     if fd is None:
         return
     faulthandler.enable(file=fd, all_threads=True)
-    faulthandler.register(STACK_SIGNAL, file=fd, all_threads=True)
+    signum = stack_signal()
+    if signum is not None and hasattr(faulthandler, "register"):  # (not on Windows)
+        faulthandler.register(signum, file=fd, all_threads=True)
 
 
 class StackFile:
-    """Main side: the file one worker writes its stacks into."""
+    """Main side: the file one worker writes its stacks into, and the
+    signal that asks for one (chosen when the worker is started, as the
+    worker chooses it)."""
 
     def __init__(self) -> None:
-        self.fd = os.memfd_create("conveyor-stack", os.MFD_CLOEXEC)
+        self.fd = portable.scratch_file("stack")
+        self.signal = stack_signal()
 
     def _text(self) -> str:
         data = os.pread(self.fd, _MAX_DUMP_BYTES, 0)
@@ -63,10 +79,12 @@ class StackFile:
 
     def request(self, pid: int) -> str:
         """Ask the running worker ``pid`` for its stack; "" if none came."""
+        if self.signal is None:
+            return ""
         try:
             os.ftruncate(self.fd, 0)
             os.lseek(self.fd, 0, os.SEEK_SET)
-            os.kill(pid, STACK_SIGNAL)
+            os.kill(pid, self.signal)
         except OSError:
             return ""
         deadline = time.monotonic() + _DUMP_WAIT_S
