@@ -26,7 +26,6 @@ import multiprocessing
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -784,9 +783,6 @@ def unpicklable_case(name):
         return {"dataset": LockedDataset()}, "dataset.handle", "_thread.lock", lambda: None
     if name == "nested_dataset_lock":
         return {"dataset": conveyor.Subset(LockedDataset(), [0, 1])}, "dataset.dataset.handle", "_thread.lock", lambda: None
-    if name == "collate_socket":
-        sock = socket.socket()
-        return {"dataset": Squares(16), "collate_fn": collate_over(sock)}, "collate_fn.<closure resource>", "socket", sock.close
     if name == "collate_generator":
         gen = (i for i in range(3))
         return {"dataset": Squares(16), "collate_fn": collate_over(gen)}, "collate_fn.<closure resource>", "generator", lambda: None
@@ -817,7 +813,7 @@ def process_starts(monkeypatch):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", PICKLING_METHODS)
 @pytest.mark.parametrize(
-    "case", ["dataset_lock", "nested_dataset_lock", "collate_socket", "collate_generator", "worker_init_fn_lock"]
+    "case", ["dataset_lock", "nested_dataset_lock", "collate_generator", "worker_init_fn_lock"]
 )
 def test_unpicklable_argument_fails_before_any_worker_starts(method, case, process_starts):
     kwargs, path, type_name, cleanup = unpicklable_case(case)

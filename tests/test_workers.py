@@ -857,3 +857,46 @@ def test_parity_with_torch_under_torch_manual_seed():
     ours = [plain(b) for b in ct.DataLoader(Mixed(), batch_size=3, shuffle=True, num_workers=2)]
     assert ours == theirs
     assert torch.equal(torch.get_rng_state(), after_theirs)
+
+
+class CountsInShared:
+    """Counts the samples loaded in a multiprocessing Value shared with the
+    main process, and checks an Event it was given."""
+
+    def __init__(self, context):
+        self.count = context.Value("i", 0)
+        self.started = context.Event()
+        self.started.set()
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        assert self.started.is_set()
+        with self.count.get_lock():
+            self.count.value += 1
+        return i
+
+
+@pytest.fixture(scope="module")
+def multiprocessing_heap():
+    """multiprocessing keeps one heap per process for its shared Values (an
+    open file, for the life of the process): made before the tests that
+    use it, so that the leak check does not count it."""
+    import multiprocessing
+
+    multiprocessing.Value("i", 0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_multiprocessing_objects_in_a_dataset_are_shared_with_the_workers_as_in_torch(method, multiprocessing_heap):
+    """A Value, a Lock, an Event in a dataset reach spawn and forkserver
+    workers as multiprocessing hands them to its own children (torch
+    allows it): the workers' updates are seen by the main process."""
+    import multiprocessing
+
+    dataset = CountsInShared(multiprocessing.get_context(method))
+    batches = [b.tolist() for b in ct.DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context=method)]
+    assert batches == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert dataset.count.value == 8

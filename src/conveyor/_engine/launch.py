@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import pickle
 import subprocess
 import sys
 import weakref
 from multiprocessing import reduction
 from typing import Any, Optional
 
-import cloudpickle
 
 from . import portable
 from .wire import FrameReader, FrameWriter, pack
+from .pickling import SpawnFds, dumps, starting_a_child
 from .worker import WorkerConfig, fork_entry, pickled_entry
 
 #: Pipes get this much buffer (Linux's default pipe-max-size for unprivileged
@@ -166,9 +165,11 @@ def resolve_start_method(context: Any) -> str:
     return context.get_start_method()
 
 
-def start_worker(method: str, config: WorkerConfig, payload: Optional[bytes], channels: Channels) -> WorkerProcess:
-    """Start one worker; ``payload`` is the cloudpickled config (spawn and
-    forkserver)."""
+def start_worker(
+    method: str, config: WorkerConfig, payload: Optional[bytes], channels: Channels, payload_fds: tuple = ()
+) -> WorkerProcess:
+    """Start one worker; ``payload`` is the cloudpickled config and
+    ``payload_fds`` the descriptors it refers to (spawn; see pickle_config)."""
     if method == "fork":
         ctx = multiprocessing.get_context("fork")
         proc = ctx.Process(
@@ -187,7 +188,7 @@ def start_worker(method: str, config: WorkerConfig, payload: Optional[bytes], ch
             args=(
                 portable.LINUX_PATHS,
                 config.worker_id,
-                payload,
+                _PickledWhileStarting(config),
                 _PassedFd(channels.worker_task_fd),
                 _PassedFd(channels.worker_result_fd),
                 tuple(_PassedFd(fd) if fd >= 0 else fd for fd in config.fds.as_tuple()),
@@ -199,7 +200,8 @@ def start_worker(method: str, config: WorkerConfig, payload: Optional[bytes], ch
         _mp_workers.add(proc)
         return WorkerProcess(proc.pid, proc.sentinel, proc)
     if method == "spawn":
-        return _spawn(config.worker_id, channels, tuple(fd for fd in config.fds.as_tuple() if fd >= 0))
+        shared = tuple(fd for fd in config.fds.as_tuple() if fd >= 0)
+        return _spawn(config.worker_id, channels, shared + tuple(fd for fd in payload_fds if fd not in shared))
     raise ValueError(f"unknown start method {method!r}; expected one of {START_METHODS}")
 
 
@@ -257,7 +259,24 @@ def deliver_config(method: str, channels: Channels, payload: Optional[bytes]) ->
     channels.tasks.put(payload)
 
 
-def pickle_config(config: WorkerConfig) -> bytes:
-    """Cloudpickle the config: objects defined in ``__main__``, in a notebook
-    or as lambdas travel by value."""
-    return cloudpickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL)
+def pickle_config(config: WorkerConfig) -> tuple[bytes, tuple]:
+    """Cloudpickle the config for a spawn worker: objects defined in
+    ``__main__``, in a notebook or as lambdas travel by value; and the
+    descriptors that multiprocessing objects in it share, to pass along."""
+    with starting_a_child(SpawnFds()) as launcher:
+        payload = dumps(config)
+    return payload, tuple(launcher.fds)
+
+
+class _PickledWhileStarting:
+    """The config of a forkserver worker: cloudpickled (by value, as for
+    spawn) while multiprocessing starts the child, so that multiprocessing
+    objects in it pass their descriptors the forkserver's way. The child
+    receives the bytes, and unpickles them itself (pickled_entry), so that
+    a failure there is reported as the worker's."""
+
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+
+    def __reduce__(self) -> tuple:
+        return bytes, (dumps(self.config),)

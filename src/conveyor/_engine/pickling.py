@@ -8,18 +8,73 @@ path of the culprit (``dataset.handle`` → ``_thread.lock``), not a bare
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import pickle
+from collections import ChainMap
 from typing import Any, Iterator, Optional
 
 import cloudpickle
+from multiprocessing.reduction import ForkingPickler
+
+
+class SpawnFds:
+    """Stands for multiprocessing's spawn launcher while conveyor pickles
+    what a spawn worker receives: multiprocessing's own objects (a Lock, a
+    Value, an Event in a dataset) pickle only while a child is being
+    started, and the descriptors they share are collected in ``fds``, to be
+    passed to the child under the same numbers."""
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+
+    def duplicate_for_child(self, fd: int) -> int:
+        self.fds.append(fd)
+        return fd
+
+    @property
+    def DupFd(self) -> Any:  # noqa: N802  (multiprocessing's name)
+        from multiprocessing.popen_spawn_posix import _DupFd
+
+        return _DupFd
+
+
+@contextlib.contextmanager
+def starting_a_child(launcher: Any) -> Iterator[Any]:
+    """Pickle as multiprocessing does while it starts a child with ``launcher``."""
+    from multiprocessing import context
+
+    previous = context.get_spawning_popen()
+    context.set_spawning_popen(launcher)
+    try:
+        yield launcher
+    finally:
+        context.set_spawning_popen(previous)
 
 #: How deep to look for the culprit; deep enough for datasets wrapping datasets.
 _MAX_DEPTH = 8
 
 
+class _WorkerPickler(cloudpickle.CloudPickler):
+    """cloudpickle (by value for what is defined in ``__main__``, a notebook
+    or a lambda) with the reducers multiprocessing registers for its own
+    objects (the shared memory of a Value, connections, sockets)."""
+
+    dispatch_table = ChainMap(ForkingPickler._extra_reducers, cloudpickle.CloudPickler.dispatch_table)
+
+
+def dumps(obj: Any) -> bytes:
+    """``obj`` pickled for a worker (see _WorkerPickler). Call it inside
+    :func:`starting_a_child` when ``obj`` may hold multiprocessing objects."""
+    buffer = io.BytesIO()
+    _WorkerPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
 def _dumps(obj: Any) -> None:
-    cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    with starting_a_child(SpawnFds()):  # (multiprocessing's objects pickle for a child only)
+        dumps(obj)
 
 
 def _children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:

@@ -152,9 +152,9 @@ def start_workers(
             fds = WorkerFds(stop=stop_fd, stack=stack.fd if stack else None, slots=slot_fds)
             close_fds = tuple(fd for w in workers for fd in w.channels.main_fds()) + channels.main_fds()
             config = make_config(wid, fds, close_fds)
-            payload = pickle_config(config) if method != "fork" else None
+            payload, payload_fds = pickle_config(config) if method == "spawn" else (None, ())
             try:
-                process = start_worker(method, config, payload, channels)
+                process = start_worker(method, config, payload, channels, payload_fds)
             except BaseException:
                 channels.close()
                 if stack is not None:
