@@ -603,12 +603,10 @@ class _LoaderIterator:
         self.epoch = progress.epoch
         self.base_seed = progress.base_seed
         self._progress = progress
-        #: Set when the batches delivered before a resume are loaded again and dropped.
-        self._refetch = resume if resume is not None and resume.refetch else None
         self._num_yielded = resume.count if resume is not None else 0
         self._len_called = loader._IterableDataset_len_called
         pin = loader._warn_pin_memory()
-        first, skip = (resume.first_index, resume.skip) if resume is not None else (0, frozenset())
+        first, skip = (resume.position, resume.delivered_ahead) if resume is not None else (0, frozenset())
         sampler_skip = resume.sampler_skip if resume is not None else 0
         if sampler_skip:
             what = f"the {'batch_sampler' if loader.batch_sampler is not None else 'sampler'} {type(loader._index_sampler).__name__}"
@@ -617,15 +615,13 @@ class _LoaderIterator:
         progress.draw_first = drawn.draw_first
         plan = self._plan(drawn, progress.base_seed, first, skip, loader._iterable)
         if resume is not None:
-            workers_resume = resume.worker_progress if not resume.refetch else None
+            workers_resume = resume.worker_progress
         else:
             workers_resume = _state.next_epoch_start(loader._next_worker_progress)
         loader._next_worker_progress = None
         executor.begin_epoch(next(_pass_ids), plan, first, skip, workers_resume)
         if loader._iterable and not loader.num_workers:
             progress.fetcher = executor.fetcher
-            if resume is not None and not resume.refetch:
-                _state.restore_iterator(executor.fetcher, resume.state)
         # With workers, batches are pinned in a thread (as torch); in-process, inline.
         pinning = pin and loader.num_workers
         self._pin_thread = PinThread(executor.next_batch, loader.prefetch_factor or 1, _pin_delivered) if pinning else None
@@ -655,23 +651,19 @@ class _LoaderIterator:
         return self
 
     def __next__(self) -> Any:
-        while True:
-            try:
-                delivered = self._next_batch()
-            except StopIteration as end:
-                if end.value is not None:  # where the workers' copies stand at the end
-                    self._progress.worker_progress = end.value
-                self._progress.finished = True
-                self._close()
-                raise StopIteration from None
-            self._progress.delivered(delivered.index)
-            if delivered.worker_progress is not None:
-                self._progress.worker_progress = delivered.worker_progress
-            if self._refetch is not None and self._refetch.already_delivered(delivered.index):
-                continue  # delivered before the resume: loaded again only to move the dataset on
-            if delivered.error is not None:
-                raise delivered.error
-            break
+        try:
+            delivered = self._next_batch()
+        except StopIteration as end:
+            if end.value is not None:  # where the workers' copies stand at the end
+                self._progress.worker_progress = end.value
+            self._progress.finished = True
+            self._close()
+            raise StopIteration from None
+        self._progress.delivered(delivered.index)
+        if delivered.worker_progress is not None:
+            self._progress.worker_progress = delivered.worker_progress
+        if delivered.error is not None:
+            raise delivered.error
         self._num_yielded += 1
         self._check_length()
         return pin_tree(delivered.data) if self._pin_inline else delivered.data

@@ -46,7 +46,9 @@ from .sampler import _has_position, batch_fingerprint, replay_point, restore_rep
 __all__ = ["Stateful", "STATE_VERSION"]
 
 #: Version of the loader state layout; a state of another version is refused.
-STATE_VERSION = 1
+#: 2: iterable datasets without state resume per copy (workers' states always
+#: saved), no longer by loading delivered batches again.
+STATE_VERSION = 2
 _KIND = "DataLoader"
 _FIX = (
     "Fix: build the DataLoader with the same dataset and arguments as the run that saved the state "
@@ -171,8 +173,7 @@ def begin_progress(loader: Any, epoch: int, base_seed: int, resume: Optional["Re
         progress = EpochProgress(
             epoch, base_seed, resume.sampler_state, resume.generator_state, resume.replay, resume.first_batch
         )
-        if not resume.refetch:
-            progress.position, progress.delivered_ahead = resume.position, set(resume.delivered_ahead)
+        progress.position, progress.delivered_ahead = resume.position, set(resume.delivered_ahead)
         return progress
     sampler = loader._index_sampler
     if _is_stateful(sampler):
@@ -189,11 +190,10 @@ def begin_progress(loader: Any, epoch: int, base_seed: int, resume: Optional["Re
 class ResumePoint:
     """Where the next ``iter(loader)`` starts inside an epoch.
 
-    Map-style: the plan starts at batch ``position`` and leaves out
+    The plan starts at batch ``position`` and leaves out
     ``delivered_ahead``; a sampler that cannot jump draws and drops
-    ``sampler_skip`` batches first. ``refetch`` (iterable datasets without
-    state): the plan starts at 0 and the delivered batches are loaded again
-    and dropped.
+    ``sampler_skip`` batches first. An iterable dataset's copies (one per
+    worker, or the one in this process) continue from ``worker_progress``.
     """
 
     state: Mapping[str, Any]
@@ -204,8 +204,8 @@ class ResumePoint:
     sampler_state: Any
     generator_state: Any
     sampler_skip: int
-    refetch: bool
-    #: Iterable dataset in workers: where each worker's copy stood (or None).
+    #: Iterable dataset: where each copy stood (one per worker, or the one
+    #: of num_workers=0), as ``IterableProgress`` snapshots; or None.
     worker_progress: Any = None
     #: See EpochProgress.replay and first_batch.
     replay: Any = None
@@ -215,17 +215,6 @@ class ResumePoint:
     def count(self) -> int:
         return self.position + len(self.delivered_ahead)
 
-    @property
-    def first_index(self) -> int:
-        return 0 if self.refetch else self.position
-
-    @property
-    def skip(self) -> frozenset:
-        return frozenset() if self.refetch else self.delivered_ahead
-
-    def already_delivered(self, index: int) -> bool:
-        """For ``refetch``: whether batch ``index`` was delivered before the save."""
-        return index < self.position or index in self.delivered_ahead
 
 
 # ---------------------------------------------------------------------------
@@ -297,20 +286,9 @@ def _iterable_states(loader: Any, fetcher: Any) -> dict[str, Any]:
     return fetcher.state()
 
 
-def _check_savable(loader: Any) -> None:
-    if loader._iterable and loader.num_workers > 0 and not loader.in_order:
-        raise NotImplementedError(
-            f"DataLoader.state_dict: with in_order=False, the {loader.num_workers} workers' copies of "
-            f"{type(loader.dataset).__name__} are handed batches as they have room (as torch does), so "
-            f"which worker's data a batch holds depends on timing, and there is no point at which all the "
-            f"delivered batches are known per worker. Use in_order=True to save and resume it exactly."
-        )
-
-
 def save(loader: Any) -> dict[str, Any]:
     """The state of ``loader``: where its latest iteration stands, or the
     start of its next epoch (see :meth:`DataLoader.state_dict`)."""
-    _check_savable(loader)
     resume = loader._resume
     if resume is not None:
         return copy.deepcopy(dict(resume.state))
@@ -511,33 +489,24 @@ def load(loader: Any, state: Any) -> None:
         return  # torchdata's StatefulDataLoader takes {} as "nothing to load"
     _check_header(state)
     _check_settings(loader, state["settings"])
-    _check_savable(loader)
     epoch, in_epoch, base_seed, position, ahead = _read_progress(state)
     if in_epoch and loader.seed is not None and base_seed != rng.derive_seed(loader.seed, epoch):
         raise _mismatch(
             "the base seed does not follow from seed= and the epoch.", {"base_seed": base_seed}, {"seed": loader.seed}
         )
     worker_progress = _read_worker_progress(loader, state["worker_progress"])
-    exact_in_workers = worker_progress is not None and any(s is not None for s in worker_progress["states"])
-    refetch = (
-        in_epoch
-        and loader._iterable
-        and state["dataset_state"] is None
-        and state["iterator_state"] is None
-        and not exact_in_workers
-    )
+    # num_workers=0, inside an epoch: the one copy's states are loaded by
+    # the next iter(), around its __iter__ (dataset first, iterator after).
+    copy_resumes = in_epoch and loader._iterable and loader.num_workers == 0
+    if copy_resumes:
+        worker_progress = _in_process_progress(state)
     sampler_state = state["sampler"]
     jumps = _has_position(sampler_state)
-    with _undone_on_failure(loader, state["dataset_state"] is not None):
-        _apply(loader, state, in_epoch and not jumps)
-    if refetch and position + len(ahead) > 0:
-        warnings.warn(
-            f"{type(loader.dataset).__name__} (and its iterator) has no state_dict/load_state_dict: to resume "
-            f"epoch {epoch}, the next iteration loads again and drops the {position + len(ahead)} batches "
-            f"already delivered. Give the dataset or its iterator state_dict/load_state_dict to resume "
-            f"without re-reading.",
-            stacklevel=3,
-        )
+    loads_dataset = state["dataset_state"] is not None and not copy_resumes
+    with _undone_on_failure(loader, loads_dataset):
+        _apply(loader, state, in_epoch and not jumps, loads_dataset)
+    if in_epoch:
+        _warn_fast_forward(loader, epoch, worker_progress)
     loader._epoch = epoch
     loader._progress = None
     loader._resume = None
@@ -554,14 +523,33 @@ def load(loader: Any, state: Any) -> None:
             sampler_state=sampler_state,
             generator_state=state["generator_state"],
             sampler_skip=0 if (jumps or loader._iterable) else position,
-            refetch=refetch,
             worker_progress=worker_progress,
             replay=state.get("replay"),
             first_batch=state.get("first_batch"),
         )
 
 
-def _apply(loader: Any, state: Mapping[str, Any], replays: bool) -> None:
+def _warn_fast_forward(loader: Any, epoch: int, worker_progress: Any) -> None:
+    """Say so when copies without state will read their items again."""
+    if worker_progress is None:
+        return
+    batches = sum(
+        int(st.get("served", 0))
+        for st in worker_progress["states"]
+        if st is not None and st.get("dataset_state") is None and st.get("iterator_state") is None
+        and not st.get("iterator_ended")
+    )
+    if batches:
+        warnings.warn(
+            f"{type(loader.dataset).__name__} (and its iterator) has no state_dict/load_state_dict: to resume "
+            f"epoch {epoch}, the next iteration reads again, without collating or sending them, the items of "
+            f"the {batches} batches already served. Give the dataset or its iterator "
+            f"state_dict/load_state_dict to resume without re-reading.",
+            stacklevel=4,
+        )
+
+
+def _apply(loader: Any, state: Mapping[str, Any], replays: bool, loads_dataset: bool) -> None:
     """Load the state's parts into the sampler, the generator and the dataset."""
     sampler = loader._index_sampler
     if state["sampler"] is not None and _is_stateful(sampler):
@@ -569,7 +557,7 @@ def _apply(loader: Any, state: Mapping[str, Any], replays: bool) -> None:
     if replays:
         restore_replay_point(sampler, state.get("replay"), loader._flavor)
     _restore_generator(loader, state["generator_state"])
-    if state["dataset_state"] is not None and _is_stateful(loader.dataset):
+    if loads_dataset and _is_stateful(loader.dataset):
         loader.dataset.load_state_dict(state["dataset_state"])
 
 
@@ -622,12 +610,16 @@ def _restore_generator(loader: Any, generator_state: Any) -> None:
         source.set_state(generator_state)
 
 
-def restore_iterator(fetcher: Any, state: Mapping[str, Any]) -> None:
-    """Put an iterable dataset's iterator (in this process) where the state says."""
-    if state["iterator_state"] is not None:
-        fetcher._iterator.load_state_dict(state["iterator_state"])
-    fetcher.ended = bool(state["iterator_ended"])
-    fetcher.served = int(state["iterator_served"])
+def _in_process_progress(state: Mapping[str, Any]) -> dict:
+    """Where the one copy of an iterable dataset (num_workers=0) stood, as
+    the progress of a single worker."""
+    copy_state = {
+        "dataset_state": state["dataset_state"],
+        "iterator_state": state["iterator_state"],
+        "iterator_ended": state["iterator_ended"],
+        "served": state["iterator_served"],
+    }
+    return {"states": [copy_state], "retired": [], "next": 0}
 
 
 def drop_resume_for_epoch(loader: Any, epoch: int) -> bool:

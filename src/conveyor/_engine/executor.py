@@ -82,10 +82,12 @@ class InProcessExecutor:
     ) -> None:
         """Start a pass. Batches come in plan order here, so ``first_index``
         and ``skip`` (see :meth:`ProcessExecutor.begin_epoch`) change nothing.
-        An iterable dataset's ``__iter__`` runs now, as in torch."""
+        An iterable dataset's ``__iter__`` runs now, as in torch; its one
+        copy continues from ``workers_resume`` (a one-worker progress) when given."""
         self._tasks = tasks
         if self.fetcher.spec.iterable:
-            self.fetcher.restart()
+            states = workers_resume["states"] if workers_resume is not None else [None]
+            self.fetcher.restart(states[0])
 
     def next_batch(self) -> Delivered:
         """The next batch; StopIteration at the end of the epoch."""

@@ -109,9 +109,12 @@ class IterableFetcher:
 
     def restart(self, restore: Any = None) -> None:
         """Begin a new pass over the dataset (a new epoch), or continue one
-        from ``restore`` (a dict made by :meth:`state`). When the dataset's
-        ``__iter__`` or ``load_state_dict`` raises, this copy has no data
-        this epoch (as a generator that raised)."""
+        from ``restore`` (a dict made by :meth:`state`): the dataset's state
+        is loaded, ``iter()`` called, then the iterator's state loaded; a
+        copy with neither state is moved on past the items of the batches
+        already served (read again, not collated), as torchdata does. When
+        the dataset's ``__iter__`` or ``load_state_dict`` raises, this copy
+        has no data this epoch (as a generator that raised)."""
         dataset = self.spec.dataset
         self._iterator = None
         self.ended = True
@@ -123,16 +126,24 @@ class IterableFetcher:
             iterator.load_state_dict(restore["iterator_state"])
         self._iterator = iterator
         self.ended = False
-        if restore is not None:
-            self.ended = bool(restore.get("iterator_ended"))
-            self.served = int(restore.get("served", 0))
+        if restore is None:
+            return
+        self.ended = bool(restore.get("iterator_ended"))
+        self.served = int(restore.get("served", 0))
+        if restore.get("dataset_state") is None and restore.get("iterator_state") is None and not self.ended:
+            self._skip_items(self.served * (self.spec.batch_size if self.spec.auto_collation else 1))
 
-    def stateful(self) -> bool:
-        """Whether the dataset or its iterator can report where it stands."""
-        return _is_stateful(self.spec.dataset) or (self._iterator is not None and _is_stateful(self._iterator))
+    def _skip_items(self, count: int) -> None:
+        for _ in range(count):
+            try:
+                next(self._iterator)
+            except StopIteration:
+                self.ended = True
+                return
 
     def state(self) -> dict:
-        """Where this process's copy stands: plain values for DataLoader.state_dict.
+        """Where this process's copy stands: plain values for DataLoader.state_dict
+        (the dataset's and its iterator's own states when they have them).
 
         A dataset that is its own iterator (``__iter__`` returns ``self``)
         gives its state as the iterator's, restored after ``iter()`` (which

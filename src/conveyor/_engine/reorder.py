@@ -51,9 +51,14 @@ class ReorderBuffer:
     def take(self) -> Optional[Any]:
         if not self.in_order:
             while self._arrivals:
-                record = self._ready.pop(self._arrivals.popleft(), None)
+                index = self._arrivals.popleft()
+                record = self._ready.pop(index, None)
                 if record is not None:
                     return record
+                if index in self._retired:  # passed as it arrives
+                    self._retired.discard(index)
+                    if self._on_retired is not None:
+                        self._on_retired(index)
             return None
         while self.next_index in self._retired:
             self._retired.discard(self.next_index)

@@ -298,10 +298,9 @@ class _Serving:
             raise _Ending(_fatal(wid, "task", task)) from None
         except BaseException:
             return self._failed(task)
-        if iterable:
+        if iterable:  # where this copy stands after the batch, for DataLoader.state_dict
             try:
-                if fetcher.stateful():
-                    message = dataclasses.replace(message, worker_state=fetcher.state())
+                message = dataclasses.replace(message, worker_state=fetcher.state())
             except (SystemExit, KeyboardInterrupt):
                 raise _Ending(_fatal(wid, "task", task)) from None
             except BaseException:
