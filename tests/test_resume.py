@@ -611,7 +611,7 @@ def test_a_sampler_refusing_its_state_leaves_everything_as_it_was():
     loader = make("shuffle-seed")
     before = loader.state_dict()
     bad = {**saved_state(), "sampler": {"version": 1, "kind": "SomethingElse"}}
-    bad["checksum"] = conveyor.state._checksum(bad)
+    bad["checksum"] = conveyor.state_format.checksum(bad)
     with pytest.raises(ValueError):
         loader.load_state_dict(bad)
     assert loader.state_dict() == before
@@ -890,7 +890,7 @@ def test_the_state_counts_what_the_pin_thread_handed_out(monkeypatch):
     loader = make("shuffle-seed", 2, pin_memory=True)
     it = iter(loader)
     head = [plain(next(it)) for _ in range(3)]
-    assert loader._progress.count == 3 and it._pin_thread is not None
+    assert loader.state_dict()["position"] == 3 and it._pin_thread is not None
     state = loader.state_dict()
     resumed = make("shuffle-seed", 1, pin_memory=True)
     resumed.load_state_dict(state)

@@ -198,23 +198,11 @@ class DataLoader(Generic[T_co]):
             collate_fn = self._default_collate if batch_sampler is not None else self._default_convert
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
-        self._epoch = 0
         self._executor: Optional[ProcessExecutor] = None
         self._finalizer: Optional[weakref.finalize] = None
         self._IterableDataset_len_called: Optional[int] = None
-        # Resuming (conveyor.state): a loaded point inside an epoch, waiting
-        # for iter(); what the latest iteration delivered.
-        self._resume: Optional[_state.ResumePoint] = None
-        self._progress: Optional[_state.EpochProgress] = None
-        #: The base seed of the latest iteration (with persistent workers,
-        #: the next one derives its own from it; see _base_seed).
-        self._last_base_seed: Optional[int] = None
-        #: The next iteration's base seed, drawn ahead by a state saved
-        #: between epochs (see pin_next_epoch) or loaded from one.
-        self._next_base_seed: Optional[int] = None
-        #: Loaded between epochs: where persistent workers' copies of an
-        #: iterable dataset stood at the end of the saved epoch.
-        self._next_worker_progress: Optional[dict] = None
+        #: Epochs, base seeds and resumable state (conveyor.state).
+        self._tracker = _state.ResumeTracker()
         self.__initialized = True
         self._warn_worker_count()
 
@@ -400,8 +388,7 @@ class DataLoader(Generic[T_co]):
         """
         if not _is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        dropped = _state.drop_resume_for_epoch(self, epoch)
-        self._epoch = int(epoch)
+        dropped = self._tracker.set_epoch(epoch, type(self).__name__)
         # The index sampler (a BatchSampler passes it on to its sampler).
         target = self.batch_sampler if hasattr(self.batch_sampler, "set_epoch") else self.sampler
         if hasattr(target, "set_epoch"):
@@ -431,7 +418,7 @@ class DataLoader(Generic[T_co]):
             >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
             True
         """
-        return _state.save(self)
+        return self._tracker.save(self._state_view())
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue from ``state_dict`` (from :meth:`state_dict`) at the next ``iter(self)``.
@@ -445,7 +432,23 @@ class DataLoader(Generic[T_co]):
         when the state does not fit this loader or was changed after saving;
         then nothing has changed. ``{}`` loads nothing, as in torchdata.
         """
-        _state.load(self, state_dict)
+        self._tracker.load(self._state_view(), state_dict)
+
+    def _state_view(self) -> _state.LoaderView:
+        """What the resumable state needs to know of this loader."""
+        return _state.LoaderView(
+            dataset=self.dataset,
+            index_sampler=self._index_sampler,
+            iterable=self._iterable,
+            auto_collation=self._auto_collation,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            num_workers=self.num_workers,
+            persistent_workers=self.persistent_workers,
+            seed=self.seed,
+            generator=self.generator,
+            flavor=self._flavor,
+        )
 
     def _fetch_spec(self) -> FetchSpec:
         collate_into, to_torch = collate_route(self.collate_fn)
@@ -459,41 +462,6 @@ class DataLoader(Generic[T_co]):
             collate_into=collate_into,
             to_torch=to_torch,
         )
-
-    def _base_seed(self, epoch: int) -> int:
-        """The root of epoch ``epoch``'s batch seeds. With ``seed=``, derived
-        from it; else drawn from ``generator`` (or the global generator) as
-        torch draws its base seed, before the sampler draws. Like torch, a
-        loader with persistent workers draws only for its first iteration;
-        later ones derive theirs from the one before, so the generator gives
-        the sampler the same numbers as under torch."""
-        if self.seed is not None:
-            return rng.derive_seed(self.seed, epoch)
-        if self._next_base_seed is not None:
-            seed, self._next_base_seed = self._next_base_seed, None
-            return seed
-        if self._keeps_base_seed and self._last_base_seed is not None:
-            return rng.derive_seed(self._last_base_seed, epoch)
-        if self.generator is not None:
-            return rng.source_for(self.generator, self._flavor).draw_seed()
-        return rng.draw_seed(self._flavor)
-
-    def _pin_next_epoch(self) -> int:
-        """Draw now what the next iteration draws from a generator (its base
-        seed, then the index sampler's seed), as torch orders them, and keep
-        it for that iteration: a state saved between epochs then holds the
-        next epoch's shuffle and batch seeds. Returns the base seed."""
-        if self._next_base_seed is None:
-            self._next_base_seed = self._base_seed(self._epoch)
-            pin = getattr(self._index_sampler, "pin_next_draw", None)
-            if callable(pin):
-                pin()
-        return self._next_base_seed
-
-    @property
-    def _keeps_base_seed(self) -> bool:
-        """Whether iterations after the first draw no base seed (persistent workers, as torch)."""
-        return self.persistent_workers and self.num_workers > 0
 
     def _start_method(self) -> str:
         method = resolve_start_method(self.multiprocessing_context)
@@ -532,20 +500,10 @@ class DataLoader(Generic[T_co]):
         return self._executor, False
 
     def __iter__(self) -> "_LoaderIterator":
-        resume, self._resume = self._resume, None
-        if resume is None:
-            epoch = self._epoch
-            base_seed = self._base_seed(epoch)  # before the sampler draws, as torch
-        else:
-            epoch, base_seed = resume.epoch, resume.base_seed
-        self._epoch = epoch + 1
-        self._last_base_seed = base_seed
-        progress = _state.begin_progress(self, epoch, base_seed, resume)
+        start = self._tracker.begin(self._state_view())  # the base seed is drawn before the sampler draws, as torch
         indices = iter(self._index_sampler)
-        executor, owned = self._executor_for(base_seed)
-        iterator = _LoaderIterator(self, executor, owned, progress, indices, resume)
-        self._progress = progress
-        return iterator
+        executor, owned = self._executor_for(start.base_seed)
+        return _LoaderIterator(self, executor, owned, start, indices)
 
     def _warn_pin_memory(self) -> bool:
         """Whether batches will be pinned; warns once per iterator, as torch
@@ -589,39 +547,25 @@ def _accelerator_available() -> bool:
 class _LoaderIterator:
     """One pass over the data. Owns its executor unless workers persist."""
 
-    def __init__(
-        self,
-        loader: DataLoader,
-        executor: Any,
-        owned: bool,
-        progress: _state.EpochProgress,
-        indices: Iterator,
-        resume: Optional[_state.ResumePoint] = None,
-    ):
+    def __init__(self, loader: DataLoader, executor: Any, owned: bool, start: _state.Start, indices: Iterator):
         self._loader = loader
         self._executor = executor
-        self.epoch = progress.epoch
-        self.base_seed = progress.base_seed
+        progress, resume = start.progress, start.resume
+        self.epoch = start.epoch
+        self.base_seed = start.base_seed
         self._progress = progress
         self._num_yielded = resume.count if resume is not None else 0
         self._len_called = loader._IterableDataset_len_called
         pin = loader._warn_pin_memory()
         first, skip = (resume.position, resume.delivered_ahead) if resume is not None else (0, frozenset())
-        sampler_skip = resume.sampler_skip if resume is not None else 0
-        if sampler_skip:
-            what = f"the {'batch_sampler' if loader.batch_sampler is not None else 'sampler'} {type(loader._index_sampler).__name__}"
-            indices = replay(indices, sampler_skip, resume.first_batch, what)
-        drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, loader._index_sampler, first=first == 0))
+        index_sampler = loader._index_sampler
+        if resume is not None and resume.sampler_skip:
+            what = f"the {'batch_sampler' if loader.batch_sampler is not None else 'sampler'} {type(index_sampler).__name__}"
+            indices = replay(indices, resume.sampler_skip, resume.first_batch, what)
+        drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, index_sampler, first=first == 0))
         progress.draw_first = drawn.draw_first
-        plan = self._plan(drawn, progress.base_seed, first, skip, loader._iterable)
-        if resume is not None:
-            workers_resume = resume.worker_progress
-        else:
-            workers_resume = _state.next_epoch_start(loader._next_worker_progress)
-        loader._next_worker_progress = None
-        executor.begin_epoch(next(_pass_ids), plan, first, skip, workers_resume)
-        if loader._iterable and not loader.num_workers:
-            progress.fetcher = executor.fetcher
+        plan = self._plan(drawn, start.base_seed, first, skip, loader._iterable)
+        executor.begin_epoch(next(_pass_ids), plan, first, skip, start.copies)
         # With workers, batches are pinned in a thread (as torch); in-process, inline.
         pinning = pin and loader.num_workers
         self._pin_thread = PinThread(executor.next_batch, loader.prefetch_factor or 1, _pin_delivered) if pinning else None
@@ -654,14 +598,14 @@ class _LoaderIterator:
         try:
             delivered = self._next_batch()
         except StopIteration as end:
-            if end.value is not None:  # where the workers' copies stand at the end
-                self._progress.worker_progress = end.value
+            if end.value is not None:  # where an iterable dataset's copies stand at the end
+                self._progress.copies = end.value
             self._progress.finished = True
             self._close()
             raise StopIteration from None
         self._progress.delivered(delivered.index)
         if delivered.worker_progress is not None:
-            self._progress.worker_progress = delivered.worker_progress
+            self._progress.copies = delivered.worker_progress
         if delivered.error is not None:
             raise delivered.error
         self._num_yielded += 1

@@ -67,9 +67,7 @@ class InProcessExecutor:
     """Loads each batch in the caller's thread (``num_workers=0``)."""
 
     def __init__(self, spec: FetchSpec):
-        #: Loads batches; for an iterable dataset it also knows where the
-        #: iteration stands (the loader saves it in state_dict).
-        self.fetcher = make_fetcher(spec)
+        self._fetcher = make_fetcher(spec)
         self._tasks: Iterator[PlannedBatch] = iter(())
 
     def begin_epoch(
@@ -85,19 +83,30 @@ class InProcessExecutor:
         An iterable dataset's ``__iter__`` runs now, as in torch; its one
         copy continues from ``workers_resume`` (a one-worker progress) when given."""
         self._tasks = tasks
-        if self.fetcher.spec.iterable:
+        if self._fetcher.spec.iterable:
             states = workers_resume["states"] if workers_resume is not None else [None]
-            self.fetcher.restart(states[0])
+            self._fetcher.restart(states[0])
 
     def next_batch(self) -> Delivered:
-        """The next batch; StopIteration at the end of the epoch."""
-        task = next(self._tasks)
+        """The next batch; StopIteration at the end of the epoch (its
+        ``value``: where an iterable dataset's copy stands, as with workers)."""
         try:
-            return Delivered(task.batch_index, fetch_in_main(self.fetcher, task.indices, task.seed))
+            task = next(self._tasks)
+        except StopIteration:
+            raise StopIteration(self._copies()) from None
+        try:
+            data = fetch_in_main(self._fetcher, task.indices, task.seed)
         except EndOfData:
-            raise StopIteration from None
+            raise StopIteration(self._copies()) from None
         except Exception as error:
-            return Delivered(task.batch_index, error=error)
+            return Delivered(task.batch_index, error=error, worker_progress=self._copies())
+        return Delivered(task.batch_index, data, worker_progress=self._copies())
+
+    def _copies(self) -> Optional[dict]:
+        """An iterable dataset: where its one copy stands, as a one-worker progress."""
+        if not self._fetcher.spec.iterable:
+            return None
+        return {"states": [self._fetcher.state()], "retired": [], "next": 0}
 
     def shutdown(self) -> None:
         self._tasks = iter(())

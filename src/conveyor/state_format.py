@@ -1,0 +1,254 @@
+"""The loader state's encoding: version, named keys, checksum, and the checks
+that refuse a state that does not fit (showing both sides and the fix).
+
+    {version, kind, settings, epoch, in_epoch, base_seed, position,
+     delivered_ahead, sampler, generator_state, dataset_state, copies,
+     replay, first_batch, checksum}
+
+* ``settings``: what must be the same in the loader that loads the state.
+* ``copies``: iterable datasets: where each copy stood (one per worker, or
+  the one of ``num_workers=0``), as ``_engine.progress.IterableProgress``
+  snapshots: ``{"states": [...], "retired": [...], "next": n}``.
+* ``checksum``: the CRC-32 of the canonical JSON of everything else, so a
+  truncated or hand-edited state is refused instead of yielding other data.
+
+:func:`mismatch_error` is the one "does not fit" error of the project:
+samplers and the loader both raise it.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Version of the loader state layout; a state of another version is refused.
+#: 2: the copies of an iterable dataset (workers, or the one in-process) are
+#: saved alike, and one without state resumes by fast-forward in its process.
+STATE_VERSION = 2
+KIND = "DataLoader"
+LOADER_FIX = (
+    "Fix: build the DataLoader with the same dataset and arguments as the run that saved the state "
+    "(num_workers may differ for map-style datasets), or start without load_state_dict."
+)
+#: Keys of a loader state besides the header; all must be present.
+KEYS = (
+    "settings",
+    "epoch",
+    "in_epoch",
+    "base_seed",
+    "position",
+    "delivered_ahead",
+    "sampler",
+    "generator_state",
+    "dataset_state",
+    "copies",
+    "replay",
+    "first_batch",
+)
+#: Keys of torchdata's StatefulDataLoader states, to name them in the error.
+_TORCHDATA_KEYS = ("_snapshot", "_num_yielded", "_sampler_iter_yielded", "_index_sampler_state")
+
+
+def _describe(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in values.items())
+
+
+def mismatch_error(owner: str, what: str, saved: Mapping[str, Any], mine: Mapping[str, Any], fix: str) -> ValueError:
+    """``owner.load_state_dict: what`` with both sides and the fix."""
+    width = max(len("saved state"), len(f"this {owner_noun(owner)}"))
+    return ValueError(
+        f"{owner}.load_state_dict: {what}\n"
+        f"  {'saved state:'.ljust(width + 1)} {_describe(saved)}\n"
+        f"  {f'this {owner_noun(owner)}:'.ljust(width + 1)} {_describe(mine)}\n"
+        f"{fix}"
+    )
+
+
+def owner_noun(owner: str) -> str:
+    """"loader" for a DataLoader's state, "sampler" for a sampler's."""
+    return "loader" if owner.endswith("DataLoader") else "sampler"
+
+
+@dataclass(frozen=True)
+class LoaderView:
+    """What the state needs to know of a loader: its settings and the parts
+    a state is loaded into. The loader makes one when it saves, loads or
+    starts an iteration; state code never reads the loader itself."""
+
+    dataset: Any
+    index_sampler: Any
+    iterable: bool
+    auto_collation: bool
+    batch_size: Any
+    drop_last: bool
+    num_workers: int
+    persistent_workers: bool
+    seed: Any
+    generator: Any
+    flavor: str
+
+    @property
+    def keeps_base_seed(self) -> bool:
+        """Whether iterations after the first draw no base seed (persistent workers, as torch)."""
+        return self.persistent_workers and self.num_workers > 0
+
+
+def settings(view: LoaderView) -> dict[str, Any]:
+    """What must be the same in the loader that loads a state."""
+    sampler = view.index_sampler
+    kind = type(sampler).__name__
+    inner = getattr(sampler, "sampler", None)
+    if inner is not None and view.auto_collation:
+        kind = f"{kind}({type(inner).__name__})"
+    return {
+        "dataset": "iterable" if view.iterable else "map",
+        "dataset_length": None if view.iterable else len(view.dataset),
+        "batch_size": view.batch_size,
+        "drop_last": view.drop_last,
+        "sampler": kind,
+        "seed": view.seed,
+        "generator": _generator_kind(view),
+        "flavor": view.flavor,
+        # Map-style batches do not depend on the workers; an iterable dataset's do.
+        "num_workers": view.num_workers if view.iterable else "any",
+    }
+
+
+def _generator_kind(view: LoaderView) -> str:
+    from . import rng
+
+    if view.seed is not None:
+        return "seed"
+    if view.generator is None:
+        return "global"
+    return "torch" if rng.is_torch_generator(view.generator) else type(view.generator).__name__
+
+
+# ------------------------------------------------------------------ sealing
+
+
+def _plain(value: Any) -> Any:
+    """JSON stand-in for a leaf json cannot write (arrays, tensors, bytes)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    return repr(value)
+
+
+def checksum(state: Mapping[str, Any]) -> str:
+    body = {key: value for key, value in state.items() if key != "checksum"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=_plain)
+    return f"{zlib.crc32(canonical.encode('utf-8')):08x}"
+
+
+def seal(view: LoaderView, body: dict[str, Any]) -> dict[str, Any]:
+    """The state of ``body``'s position: header, settings, body, checksum."""
+    state = {"version": STATE_VERSION, "kind": KIND, "settings": settings(view), **body}
+    state["checksum"] = checksum(state)
+    return state
+
+
+# ------------------------------------------------------------------ checks
+
+
+def check_header(state: Any) -> None:
+    """A DataLoader state of this version, whole and unchanged."""
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"DataLoader.load_state_dict expects the dict returned by DataLoader.state_dict(), "
+            f"got {type(state).__name__}"
+        )
+    if state.get("kind") != KIND and any(key in state for key in _TORCHDATA_KEYS):
+        raise ValueError(
+            "DataLoader.load_state_dict: this state was saved by torchdata's StatefulDataLoader, whose "
+            "layout conveyor does not read. Resume that run with torchdata, or start the conveyor run "
+            "from the start of an epoch (set_epoch) and save conveyor states from then on."
+        )
+    header = {"version": STATE_VERSION, "kind": KIND}
+    saved = {key: state.get(key, "<missing>") for key in header}
+    if saved != header:
+        raise mismatch_error(
+            "DataLoader",
+            "the state is not a DataLoader state of this version.",
+            saved,
+            header,
+            "Fix: pass the dict returned by DataLoader.state_dict() of this conveyor version (or of a "
+            "version that reads it), or start without load_state_dict.",
+        )
+    missing = [key for key in (*KEYS, "checksum") if key not in state]
+    if missing:
+        raise ValueError(
+            f"DataLoader.load_state_dict: the state lacks {missing} (truncated or edited?); pass the "
+            f"whole dict returned by DataLoader.state_dict()"
+        )
+    expected = checksum(state)
+    if state["checksum"] != expected:
+        raise ValueError(
+            f"DataLoader.load_state_dict: the state was changed after it was saved (checksum "
+            f"{state['checksum']!r} does not match its contents, which give {expected!r}). A changed state "
+            f"could yield other batches than the saved run; pass the dict exactly as state_dict() returned "
+            f"it (JSON, pickle and torch.save keep it intact)."
+        )
+
+
+def check_settings(view: LoaderView, saved: Any) -> None:
+    mine = settings(view)
+    if not isinstance(saved, Mapping):
+        raise ValueError(f"DataLoader.load_state_dict: the state's settings are not a dict: {saved!r}")
+    differing = [key for key in mine if saved.get(key, "<missing>") != mine[key]]
+    if differing:
+        raise mismatch_error(
+            "DataLoader",
+            "the state was saved by a loader with other settings.",
+            {key: saved.get(key, "<missing>") for key in differing},
+            {key: mine[key] for key in differing},
+            LOADER_FIX,
+        )
+
+
+def read_position(state: Mapping[str, Any]) -> tuple[int, bool, Any, int, frozenset]:
+    """(epoch, in_epoch, base_seed, position, delivered_ahead), checked."""
+    epoch, in_epoch, base_seed = state["epoch"], state["in_epoch"], state["base_seed"]
+    position, ahead = state["position"], state["delivered_ahead"]
+    ints = (epoch, position, *ahead) if isinstance(ahead, (list, tuple)) else None
+    if (
+        ints is None
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)
+        or not isinstance(in_epoch, bool)
+        or not (isinstance(base_seed, int) or (base_seed is None and not in_epoch))
+        or any(index <= position for index in ahead)
+    ):
+        raise ValueError(
+            f"DataLoader.load_state_dict: the state's position is malformed: epoch={epoch!r}, "
+            f"in_epoch={in_epoch!r}, base_seed={base_seed!r}, position={position!r}, "
+            f"delivered_ahead={ahead!r}; pass a dict returned by DataLoader.state_dict()"
+        )
+    return epoch, in_epoch, base_seed, position, frozenset(ahead)
+
+
+def read_copies(view: LoaderView, saved: Any) -> Any:
+    """The saved copies of an iterable dataset, checked against this loader's count."""
+    if saved is None:
+        return None
+    count = max(1, view.num_workers)
+    try:
+        states, retired, turn = saved["states"], saved["retired"], saved["next"]
+        ok = (
+            isinstance(states, list)
+            and len(states) == count
+            and all(isinstance(w, int) and 0 <= w < count for w in retired)
+            and isinstance(turn, int)
+            and 0 <= turn < count
+        )
+    except (TypeError, KeyError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"DataLoader.load_state_dict: the state's copies do not fit num_workers={view.num_workers}: "
+            f"{saved!r}; pass a dict returned by DataLoader.state_dict() of a loader with the same arguments"
+        )
+    return saved
