@@ -209,6 +209,7 @@ def run_memory(kind: str, tmp: Path, batches: int, measure: str = "rss") -> floa
 def machine_limits() -> dict:
     """What the hardware allows, for reading the workloads against."""
     from conveyor.collate import collate_into
+    from conveyor._engine.rows import SlotAllocator
     from conveyor._engine.shm import SlotWriter, create_slot_fds
 
     big = np.ones((64, 3, 224, 224), np.uint8)
@@ -234,7 +235,7 @@ def machine_limits() -> dict:
 
     def stack_into_slot():  # what a worker does per batch: map the slot, stack, let go
         writer.begin()
-        collate_into(samples, writer.allocate)
+        collate_into(samples, SlotAllocator(writer))
         writer.end()
 
     import conveyor

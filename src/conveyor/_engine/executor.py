@@ -15,7 +15,7 @@ that batch's ``Delivered.error`` and iteration goes on, as in torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Protocol
+from typing import Any, Iterator, Mapping, Optional, Protocol
 
 from .fetch import EndOfData, FetchSpec, fetch_in_main, make_fetcher
 
@@ -41,6 +41,9 @@ class Delivered:
     data: Any = None
     error: Optional[BaseException] = None
     worker_progress: Optional[dict] = None
+    #: Seconds spent in each stage of this batch, by stage name (for stats;
+    #: None until stages are timed).
+    timings: Optional[Mapping[str, float]] = None
 
 
 class Executor(Protocol):

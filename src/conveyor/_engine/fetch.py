@@ -14,7 +14,7 @@ from .. import rng
 from ..dataset import fetch_many
 from ..state import _is_stateful
 
-Allocate = Callable[[tuple, Any], Any]
+Allocate = _collate.Allocator
 
 
 class EndOfData(Exception):
@@ -80,10 +80,9 @@ class MapFetcher:
         spec = self.spec
         if not spec.auto_collation:
             return spec.collate(spec.dataset[indices], allocate)
-        place = getattr(allocate, "place", None)
-        if place is not None and spec.collate_into is not None and not hasattr(spec.dataset, "__getitems__"):
-            # Each sample's arrays go into the batch while still in cache.
-            samples = [place(spec.dataset[i], k) for k, i in enumerate(indices)]
+        if allocate is not None and spec.collate_into is not None and not hasattr(spec.dataset, "__getitems__"):
+            # Each sample's arrays go into the batch while still in cache (RowPlacer).
+            samples = [allocate.place(spec.dataset[i], k) for k, i in enumerate(indices)]
         else:
             samples = fetch_many(spec.dataset, indices)
         return spec.collate(samples, allocate)

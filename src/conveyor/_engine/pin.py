@@ -9,6 +9,7 @@ never waits forever on a thread that died.
 
 from __future__ import annotations
 
+import enum
 import queue
 import threading
 from dataclasses import dataclass
@@ -22,9 +23,15 @@ _POLL_S = 0.1
 _JOIN_TIMEOUT_S = 5.0
 
 
+class _Kind(enum.Enum):
+    BATCH = "batch"  # value: the pinned batch (a Delivered record)
+    END = "end"  # value: StopIteration's value
+    ERROR = "error"  # value: the exception, raised in the main thread
+
+
 @dataclass(frozen=True)
 class _Item:
-    kind: str  # "batch" | "end" | "error"
+    kind: _Kind
     value: Any = None
 
 
@@ -62,12 +69,12 @@ class PinThread:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                item = _Item("batch", self._pin(self._next_batch()))
+                item = _Item(_Kind.BATCH, self._pin(self._next_batch()))
             except StopIteration as end:
-                self._put(_Item("end", end.value))
+                self._put(_Item(_Kind.END, end.value))
                 return
             except BaseException as exc:  # carried to the main thread, raised there
-                self._put(_Item("error", exc))
+                self._put(_Item(_Kind.ERROR, exc))
                 if not isinstance(exc, Exception):
                     return
                 continue
@@ -84,9 +91,9 @@ class PinThread:
                 if not self._thread.is_alive():
                     raise RuntimeError("the pin-memory thread ended without a result (conveyor bug: please report)")
                 continue
-            if item.kind == "batch":
+            if item.kind is _Kind.BATCH:
                 return item.value
-            if item.kind == "end":
+            if item.kind is _Kind.END:
                 raise StopIteration(item.value)
             raise item.value
 

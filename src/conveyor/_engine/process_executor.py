@@ -47,11 +47,12 @@ from .errors import (
 from .executor import Delivered, PlannedBatch
 from .fetch import FetchSpec
 from .messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
+from ..collate import to_torch
 from .pickling import check_picklable
 from .pool import REAP_TIMEOUT_S, Event, Sent, WorkerHandle, WorkerPool
 from .progress import IterableProgress
 from .reorder import ReorderBuffer
-from .shm import SPARE_SLOTS, torch_from_numpy
+from .shm import SPARE_SLOTS
 from .watchdog import BusyWorker, StallWarning, StallWatchdog, late_text
 from .worker import WorkerConfig, WorkerFds
 
@@ -404,13 +405,11 @@ class ProcessExecutor:
             data = message.data
         else:
             try:
-                data = self._pool.slots.decode(message.data, sent.slot, message.slot_size, message.used, torch_from_numpy)
+                data = self._pool.slots.decode(message.data, sent.slot, message.slot_size, message.used)
             except Exception as exc:
                 self._break(worker, message.batch_index, "could not map the shared memory of", exc)
         if not self.config.spec.to_torch:
             return data, None
-        from ..collate import to_torch
-
         try:
             return to_torch(data), None
         except Exception as error:

@@ -20,42 +20,47 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .shm import SlotWriter
+from .tree import map_leaves_at
 
 #: numpy dtype kinds placed in rows (what default_collate stacks as they are).
 _ROW_KINDS = "biufc"
 
 
-class RowPlacer:
-    """The ``allocate`` hook of one batch in a slot, with rows placed early.
+class SlotAllocator:
+    """The collate :class:`~conveyor.collate.Allocator` of one batch in a
+    slot: output arrays come from the slot, nothing is placed ahead."""
 
-    Callable as ``allocate(shape, dtype)`` (from the slot); ``place`` and
-    ``claim`` add the early placement. One per task.
-    """
-
-    def __init__(self, writer: SlotWriter, batch_size: int):
+    def __init__(self, writer: SlotWriter):
         self._writer = writer
-        self._batch_size = batch_size
-        self._buffers: dict[tuple, np.ndarray] = {}
-        #: id(row view) -> (row view, buffer, row number)
-        self._rows: dict[int, tuple] = {}
 
     def __call__(self, shape: tuple, dtype: Any) -> np.ndarray:
         return self._writer.allocate(shape, dtype)
 
     def place(self, sample: Any, k: int) -> Any:
-        """``sample`` with its arrays copied into row ``k`` and replaced by the row views."""
-        return self._walk(sample, (), k)
+        return sample
 
-    def _walk(self, value: Any, path: tuple, k: int) -> Any:
-        if isinstance(value, np.ndarray):
-            return self._place_array(value, path, k)
-        if type(value) is dict:
-            return {key: self._walk(v, path + (key,), k) for key, v in value.items()}
-        if type(value) in (list, tuple):
-            return type(value)(self._walk(v, path + (i,), k) for i, v in enumerate(value))
-        if isinstance(value, tuple) and hasattr(value, "_fields"):
-            return type(value)(*(self._walk(v, path + (i,), k) for i, v in enumerate(value)))
-        return value
+    def claim(self, arrays: Sequence[np.ndarray], dtype: np.dtype) -> Optional[np.ndarray]:
+        return None
+
+
+class RowPlacer(SlotAllocator):
+    """A :class:`SlotAllocator` that places each sample's arrays in their
+    rows of the batch as the sample is made (``place``) and hands those
+    buffers to collate (``claim``). One per task."""
+
+    def __init__(self, writer: SlotWriter, batch_size: int):
+        super().__init__(writer)
+        self._batch_size = batch_size
+        self._buffers: dict[tuple, np.ndarray] = {}
+        #: id(row view) -> (row view, buffer, row number)
+        self._rows: dict[int, tuple] = {}
+
+    def place(self, sample: Any, k: int) -> Any:
+        """``sample`` with its arrays copied into row ``k`` and replaced by the row views."""
+        return map_leaves_at(sample, lambda value, path: self._place(value, path, k))
+
+    def _place(self, value: Any, path: tuple, k: int) -> Any:
+        return self._place_array(value, path, k) if isinstance(value, np.ndarray) else value
 
     def _place_array(self, array: np.ndarray, path: tuple, k: int) -> np.ndarray:
         if array.ndim == 0 or array.dtype.kind not in _ROW_KINDS or not array.dtype.isnative or k >= self._batch_size:

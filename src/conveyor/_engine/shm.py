@@ -30,11 +30,12 @@ import os
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from .portable import resize_shared_file, shared_memory_file
+from ..collate import array_to_tensor
 from .tree import map_leaves
 
 #: Arrays start at multiples of this (cache lines, and what SIMD loads like).
@@ -357,9 +358,10 @@ class SlotPool:
             self._maps[slot] = current
         return current
 
-    def decode(self, data: Any, slot: int, slot_size: int, used: int, to_torch: Callable[[np.ndarray, Optional[str]], Any]) -> Any:
-        """Views on the slot in place of each :class:`Leaf`; the slot is free
-        again once every view (and tensor on one) is gone."""
+    def decode(self, data: Any, slot: int, slot_size: int, used: int) -> Any:
+        """Views on the slot in place of each :class:`Leaf` (tensors for
+        those that were tensors, by ``collate.array_to_tensor``); the slot is
+        free again once every view (and tensor on one) is gone."""
         try:
             mapping = self._mapping(slot, slot_size)
         except BaseException:  # (mmap: out of memory, say) the slot is free again
@@ -374,7 +376,7 @@ class SlotPool:
             dtype = np.dtype(value.dtype)
             count = math.prod(value.shape)
             array = slab[value.offset : value.offset + count * dtype.itemsize].view(dtype).reshape(value.shape)
-            return to_torch(array, value.torch_view) if value.torch else array
+            return array_to_tensor(array, value.torch_view) if value.torch else array
 
         return map_leaves(data, leaf)
 
@@ -388,12 +390,3 @@ class SlotPool:
                 pass
         self.fds = []
         self._maps.clear()
-
-
-def torch_from_numpy(array: np.ndarray, view: Optional[str] = None) -> Any:
-    """Zero-copy tensor on a view, viewed as torch dtype ``view`` when given
-    (imports torch: the batch held tensors)."""
-    import torch
-
-    tensor = torch.from_numpy(array)
-    return tensor if view is None else tensor.view(getattr(torch, view))

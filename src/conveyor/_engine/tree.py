@@ -1,5 +1,6 @@
 """Mapping the leaves of a batch: the one walk the engine uses over batches
-(encoding into slots, decoding views, pinning).
+and samples (encoding into slots, decoding views, pinning, placing a
+sample's arrays in their batch rows).
 
 dicts (subclasses too, when they copy), lists, tuples and namedtuples are
 rebuilt with the same type; anything else is a leaf.
@@ -34,12 +35,22 @@ def _rebuild(template: Any, values: Any) -> Any:
 def map_leaves(data: Any, leaf: Callable[[Any], Any]) -> Any:
     """Apply ``leaf`` to every non-container of ``data``, rebuilding dicts,
     lists, tuples and namedtuples; other containers are leaves."""
+    return _walk(data, lambda value, path: leaf(value), ())
+
+
+def map_leaves_at(data: Any, leaf: Callable[[Any, tuple], Any]) -> Any:
+    """:func:`map_leaves` with each leaf's path (its keys and indices from
+    the top, e.g. ``("image", 0)``) given to ``leaf(value, path)``."""
+    return _walk(data, leaf, ())
+
+
+def _walk(data: Any, leaf: Callable[[Any, tuple], Any], path: tuple) -> Any:
     if isinstance(data, dict):
-        rebuilt = _rebuild(data, {k: map_leaves(v, leaf) for k, v in data.items()})
+        rebuilt = _rebuild(data, {k: _walk(v, leaf, path + (k,)) for k, v in data.items()})
         if rebuilt is not None:
             return rebuilt
     elif isinstance(data, (list, tuple)):
-        rebuilt = _rebuild(data, [map_leaves(v, leaf) for v in data])
+        rebuilt = _rebuild(data, [_walk(v, leaf, path + (i,)) for i, v in enumerate(data)])
         if rebuilt is not None:
             return rebuilt
-    return leaf(data)
+    return leaf(data, path)

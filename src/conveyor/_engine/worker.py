@@ -35,7 +35,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import numpy as np
 
 from .. import rng
 from . import info as _info
@@ -44,7 +43,8 @@ from .errors import capture_failure
 from .fetch import EndOfData, FetchSpec, fetch_seeded, make_fetcher
 from .info import WorkerInfo
 from .messages import Batch, Exhausted, Fatal, Ready, Stop, Task, TaskFailed
-from .rows import RowPlacer
+from ..collate import allocate_batch
+from .rows import RowPlacer, SlotAllocator
 from .shm import SlotWriter, StopFlag, encode
 from .torch_hook import when_torch_loads
 from .wire import pack, read_frame, unpack, write_frame
@@ -316,10 +316,10 @@ def _allocator(spec: FetchSpec, task: Task, writer: Optional[SlotWriter]) -> Any
     if spec.collate_into is None:
         return None
     if writer is None:
-        return np.empty
+        return allocate_batch
     if spec.auto_collation and not spec.iterable:
         return RowPlacer(writer, len(task.indices))
-    return writer.allocate
+    return SlotAllocator(writer)
 
 
 def _worker_main(config: WorkerConfig, task_fd: int, result_fd: int) -> None:

@@ -1,0 +1,38 @@
+"""Samplers: the order in which a loader visits a dataset, resumable at any item.
+
+::
+
+    (seed, epoch) or generator ──▶ sampler.__iter__ ──▶ indices ──▶ BatchSampler ──▶ batches
+                                        │ draws chunks (a permutation, 32 random ints, ...)
+                                        └─ _Cursor: epoch, replay record, items yielded so far
+
+The samplers carry torch.utils.data's names, arguments, lengths and error
+messages; every one can report and restore its position (``state_dict``).
+
+* ``resumable``    the cursor, the resume point, the state dict and its checks
+* ``draws``        where random draws come from (``_flavor``, generators, seeds)
+* ``samplers``     Sampler, SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
+* ``batch``        BatchSampler
+* ``replay``       resuming a sampler that is not conveyor's, by replaying its iteration
+* ``distributed``  DistributedSampler and the sharding it shares
+* ``token_budget`` TokenBudgetBatchSampler
+* ``arguments``    the argument checks they share
+"""
+
+from .batch import BatchSampler
+from .distributed import DistributedSampler
+from .replay import batch_fingerprint, replay, replay_point, restore_replay_point  # noqa: F401  (used by loader, state)
+from .resumable import _has_position  # noqa: F401  (used by state)
+from .samplers import RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler
+from .token_budget import TokenBudgetBatchSampler
+
+__all__ = [
+    "Sampler",
+    "SequentialSampler",
+    "RandomSampler",
+    "SubsetRandomSampler",
+    "WeightedRandomSampler",
+    "BatchSampler",
+    "DistributedSampler",
+    "TokenBudgetBatchSampler",
+]

@@ -1,0 +1,29 @@
+"""Argument checks the samplers share: torch's messages for a bad integer or boolean."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_positive_int(name: str, value: Any, context: str = "") -> int:
+    """``value`` as an int, or torch's ValueError for a non-positive or non-integer value."""
+    if not _is_int(value) or value <= 0:
+        raise ValueError(f"{name} should be a positive integer value, but got {name}={value}{context}")
+    return int(value)
+
+
+def _check_bool(name: str, value: Any, error: type[Exception] = ValueError) -> bool:
+    if not isinstance(value, bool):
+        raise error(f"{name} should be a boolean value, but got {name}={value}")
+    return value
+
+
+def _check_int(name: str, value: Any) -> int:
+    if not _is_int(value):
+        raise TypeError(f"{name} should be an integer, but got {name}={value!r} ({type(value).__name__})")
+    return int(value)

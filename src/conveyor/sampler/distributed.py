@@ -1,0 +1,146 @@
+"""DistributedSampler: one replica's share of the indices, and the sharding it shares
+with TokenBudgetBatchSampler (pad or cut to divide evenly, take every n-th)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterator, Sized
+from typing import Any
+
+from conveyor.rng import TorchSource, derive_seed, source_for
+
+from .arguments import _check_int, _check_positive_int, _is_int
+from .resumable import _Resumable
+from .samplers import Sampler
+
+
+def _per_replica(total: int, num_replicas: int, drop_last: bool) -> int:
+    """Items each replica gets: all of them, padded, or (drop_last) the even part."""
+    if drop_last and total % num_replicas != 0:
+        return math.ceil((total - num_replicas) / num_replicas)
+    return math.ceil(total / num_replicas)
+
+
+def _shard(items: list[Any], num_replicas: int, rank: int, drop_last: bool) -> list[Any]:
+    """``rank``'s share of ``items``: padded by repeating from the start, or cut, to divide evenly."""
+    total = _per_replica(len(items), num_replicas, drop_last) * num_replicas
+    padding = total - len(items)
+    if padding > 0:
+        items = items + (items * math.ceil(padding / len(items)))[:padding]
+    else:
+        items = items[:total]
+    return items[rank:total:num_replicas]
+
+
+def _world_from_torch(name: str) -> int:
+    """``num_replicas`` or ``rank`` from torch.distributed, only when the user's program initialised it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        raise ValueError(
+            f"DistributedSampler: {name} was not given and torch.distributed is not initialized; "
+            f"pass num_replicas=<world size> and rank=<this process's rank>, "
+            f"or call torch.distributed.init_process_group() first"
+        )
+    return dist.get_world_size() if name == "num_replicas" else dist.get_rank()
+
+
+def _check_rank(num_replicas: Any, rank: Any) -> tuple[int, int]:
+    num_replicas = _check_positive_int("num_replicas", num_replicas)
+    if not _is_int(rank) or rank >= num_replicas or rank < 0:
+        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+    return num_replicas, int(rank)
+
+
+class DistributedSampler(_Resumable, Sampler[int]):
+    """This replica's share of the dataset indices, for data-parallel training.
+
+    As in torch: the indices (shuffled from ``seed + epoch`` when ``shuffle``)
+    are padded by repeating from the start so every replica gets
+    ``ceil(n / num_replicas)`` of them, or, with ``drop_last``, cut so every
+    replica gets ``n // num_replicas``; replica ``rank`` takes every
+    ``num_replicas``-th index from position ``rank``. Call :meth:`set_epoch`
+    each epoch, or every epoch repeats the same order.
+
+    ``num_replicas`` / ``rank`` default to torch.distributed's world size and
+    rank when the program has initialised it; conveyor never imports torch for
+    this, and asks for them otherwise.
+
+    The numpy flavour shuffles from ``derive_seed(seed, epoch)``; the torch
+    flavour (``conveyor.torch``) from a torch.Generator seeded with
+    ``seed + epoch``, the same order as torch. The saved state is the same on
+    every rank (``rank`` is recorded but not checked), so one rank's state can
+    be loaded on all.
+
+    Example::
+
+        >>> list(DistributedSampler(range(5), num_replicas=2, rank=1, shuffle=False))
+        [1, 3, 0]
+    """
+
+    _flavor = "numpy"
+    _auto_epoch = False
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if num_replicas is None:
+            num_replicas = _world_from_torch("num_replicas")
+        if rank is None:
+            rank = _world_from_torch("rank")
+        self.num_replicas, self.rank = _check_rank(num_replicas, rank)
+        self.dataset = dataset
+        self.shuffle = bool(shuffle)
+        self.seed = _check_int("seed", seed)
+        self.drop_last = bool(drop_last)
+        self.num_samples = _per_replica(len(dataset), self.num_replicas, self.drop_last)
+        self.total_size = self.num_samples * self.num_replicas
+        self._init_progress()
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "dataset_length": len(self.dataset),
+            "num_replicas": self.num_replicas,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "drop_last": self.drop_last,
+            "flavor": self._flavor,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this sampler stands (JSON values); ``rank`` is recorded but not checked on load."""
+        return {**super().state_dict(), "rank": self.rank}
+
+    def _open(self, epoch: int, record: Any) -> tuple[Any, Any]:
+        return epoch, None
+
+    def _max_position(self) -> int:
+        return self.num_samples
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        n = len(self.dataset)
+        if _per_replica(n, self.num_replicas, self.drop_last) != self.num_samples:
+            raise RuntimeError(
+                f"DistributedSampler: the dataset now has {n} samples, which changes the {self.num_samples} "
+                f"per replica computed when the sampler was built; build a new DistributedSampler"
+            )
+        if not self.shuffle:
+            return list(range(n))
+        if self._flavor == "torch":
+            return TorchSource.from_seed(self.seed + epoch).permutation(n)
+        return source_for(derive_seed(self.seed, epoch), self._flavor).permutation(n)
+
+    def _chunks(self, epoch: int) -> Iterator[list[int]]:
+        yield _shard(self._epoch_order(epoch), self.num_replicas, self.rank, self.drop_last)
+
+    def __iter__(self) -> Iterator[int]:
+        return self._iterate()
+
+    def __len__(self) -> int:
+        return self.num_samples
