@@ -1,10 +1,11 @@
-"""The DataLoader: torch.utils.data's arguments, checked early; an iterator
-that runs the plan through an executor.
+"""The DataLoader: torch.utils.data's arguments (checked early, arguments.py),
+the samplers, and one iteration per ``iter()`` (iteration.py).
 
     DataLoader(dataset, batch_size, shuffle, sampler, ...)     validates, builds samplers
-      └─ __iter__ → _LoaderIterator
-           plan:     base seed of the epoch, then index sampler → PlannedBatch(i, indices, seed_i)
-           executor: InProcessExecutor (num_workers=0) | ProcessExecutor (workers)
+      └─ __iter__ ─▶ ResumeTracker.begin (state.py): the epoch, its base seed, what it resumes
+                 ─▶ an executor: InProcessExecutor (num_workers=0) | ProcessExecutor (workers;
+                    persistent ones kept by the loader)
+                 ─▶ LoaderIterator: plan ─▶ executor ─▶ Delivered ─▶ the loop
 
 Seeds (one root per epoch): ``base_seed`` is ``derive_seed(seed, epoch)`` when
 ``seed=`` is given, else one draw from ``generator`` (or the global generator)
@@ -15,39 +16,27 @@ torch seeded from ``derive_seed(base_seed, i)``, in a worker or in-process
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import math
 import multiprocessing
-import numbers
 import os
 import sys
-import threading
 import warnings
 import weakref
-from functools import partial
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, TypeVar
 
+from . import arguments as _args
 from . import collate as _collate
-from . import rng
 from . import sampler as _sampler
 from . import state as _state
-from .sampler import replay
-from ._engine.executor import Delivered, InProcessExecutor, PlannedBatch
+from .iteration import LoaderIterator, PassSettings
+from ._engine.executor import InProcessExecutor
 from ._engine.process_executor import ProcessConfig, ProcessExecutor
-from ._engine import portable
 from ._engine.fetch import FetchSpec, collate_route
 from ._engine.launch import START_METHODS, resolve_start_method
-from ._engine.pin import PinThread, pin_tree
-from .dataset import is_iterable_dataset, is_map_dataset
 
 __all__ = ["DataLoader"]
 
 T_co = TypeVar("T_co", covariant=True)
-
-#: Identifies each pass over the data, so a persistent pool drops the
-#: results of an abandoned pass (set_epoch may repeat epoch numbers).
-_pass_ids = itertools.count(1)
 
 _FROZEN_AFTER_INIT = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
@@ -58,18 +47,6 @@ class _InfiniteConstantSampler:
     def __iter__(self) -> Iterator[None]:
         while True:
             yield None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_iterable(value: Any, name: str) -> None:
-    if not hasattr(value, "__iter__"):
-        raise TypeError(
-            f"{name} must be iterable (a Sampler or any object with __iter__), got "
-            f"{type(value).__name__}; pass e.g. {name}=SequentialSampler(dataset)"
-        )
 
 
 class DataLoader(Generic[T_co]):
@@ -129,15 +106,15 @@ class DataLoader(Generic[T_co]):
         seed: Optional[int] = None,
         stall_warning: float = 300.0,
     ) -> None:
-        self._check_workers(num_workers, timeout, prefetch_factor, persistent_workers)
-        self._check_stall_warning(stall_warning)
+        _args.check_workers(num_workers, timeout, prefetch_factor, persistent_workers)
+        _args.check_stall_warning(stall_warning)
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
-        iterable = self._check_dataset(dataset)
-        self._check_callables(collate_fn, worker_init_fn)
-        self._check_seed(seed, generator)
+        iterable = _args.check_dataset(dataset)
+        _args.check_callables(collate_fn, worker_init_fn)
+        _args.check_seed(seed, generator)
         if iterable:
-            self._check_iterable_options(shuffle, sampler, batch_sampler)
+            _args.check_iterable_options(shuffle, sampler, batch_sampler)
         else:
             shuffle = bool(shuffle)
         if sampler is not None and shuffle:
@@ -146,9 +123,9 @@ class DataLoader(Generic[T_co]):
                 "order itself; pass shuffle=False, or drop sampler= and keep shuffle=True)"
             )
         if sampler is not None:
-            _check_iterable(sampler, "sampler")
+            _args.check_iterable(sampler, "sampler")
         if batch_sampler is not None:
-            _check_iterable(batch_sampler, "batch_sampler")
+            _args.check_iterable(batch_sampler, "batch_sampler")
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError(
                     "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and "
@@ -164,7 +141,7 @@ class DataLoader(Generic[T_co]):
                     "drop_last (conveyor: pass drop_last=False, or give a batch_size)"
                 )
         else:
-            self._check_batch_size(batch_size)
+            _args.check_batch_size(batch_size)
 
         self.dataset = dataset
         self.num_workers = num_workers
@@ -207,110 +184,6 @@ class DataLoader(Generic[T_co]):
         self._warn_worker_count()
 
     # ------------------------------------------------------------ validation
-    @staticmethod
-    def _check_workers(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: bool) -> None:
-        if not _is_int(num_workers):
-            raise TypeError(f"num_workers must be an int, got {type(num_workers).__name__} ({num_workers!r})")
-        if num_workers < 0:
-            raise ValueError(
-                "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."
-            )
-        if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool):
-            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__} ({timeout!r})")
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative (conveyor: 0 waits without limit)")
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError(
-                "prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to "
-                "enable multiprocessing, otherwise set prefetch_factor to None."
-            )
-        if prefetch_factor is not None:
-            if not _is_int(prefetch_factor):
-                raise TypeError(
-                    f"prefetch_factor must be an int, got {type(prefetch_factor).__name__} ({prefetch_factor!r})"
-                )
-            if prefetch_factor < 0:
-                raise ValueError("prefetch_factor option should be non-negative")
-            if prefetch_factor == 0:
-                raise ValueError(
-                    "prefetch_factor=0 would keep no batch in flight and load nothing; use 1 or more "
-                    "(the default is 2)"
-                )
-        if num_workers > 0:
-            unsupported = portable.workers_unsupported()
-            if unsupported is not None:
-                raise NotImplementedError(unsupported)
-        if persistent_workers and num_workers == 0:
-            raise ValueError(
-                "persistent_workers option needs num_workers > 0 (conveyor: set num_workers, or drop "
-                "persistent_workers=True)"
-            )
-
-    @staticmethod
-    def _check_stall_warning(stall_warning: Any) -> None:
-        if not isinstance(stall_warning, numbers.Real) or isinstance(stall_warning, bool):
-            raise TypeError(
-                f"stall_warning must be a number of seconds, got {type(stall_warning).__name__} ({stall_warning!r})"
-            )
-        if stall_warning < 0:
-            raise ValueError("stall_warning option should be non-negative (conveyor: 0 turns the warning off)")
-
-    @staticmethod
-    def _check_dataset(dataset: Any) -> bool:
-        if is_iterable_dataset(dataset):
-            return True
-        if is_map_dataset(dataset):
-            return False
-        raise TypeError(
-            f"dataset must be map-style (with __getitem__ and __len__) or iterable-style (with "
-            f"__iter__), got {type(dataset).__name__} which has neither; subclass "
-            f"conveyor.Dataset or conveyor.IterableDataset, or wrap your data in a list"
-        )
-
-    @staticmethod
-    def _check_callables(collate_fn: Any, worker_init_fn: Any) -> None:
-        for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
-
-    @staticmethod
-    def _check_seed(seed: Any, generator: Any) -> None:
-        if seed is None:
-            return
-        if not _is_int(seed):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__} ({seed!r})")
-        if generator is not None:
-            raise ValueError(
-                "seed and generator are mutually exclusive: both would decide the shuffle; pass one"
-            )
-
-    @staticmethod
-    def _check_iterable_options(shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
-        if shuffle not in {False, None}:
-            raise ValueError(
-                f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
-                f"shuffle={shuffle} (conveyor: an iterable dataset decides its own order; shuffle "
-                f"inside its __iter__, e.g. with a buffer)"
-            )
-        if sampler is not None:
-            raise ValueError(
-                f"DataLoader with IterableDataset: expected unspecified sampler option, but got "
-                f"sampler={sampler} (conveyor: samplers choose indices, which an iterable dataset has not)"
-            )
-        if batch_sampler is not None:
-            raise ValueError(
-                f"DataLoader with IterableDataset: expected unspecified batch_sampler option, but got "
-                f"batch_sampler={batch_sampler} (conveyor: use batch_size= instead)"
-            )
-
-    @staticmethod
-    def _check_batch_size(batch_size: Any) -> None:
-        if not _is_int(batch_size) or batch_size <= 0:
-            raise ValueError(
-                f"batch_size should be a positive integer value, but got batch_size={batch_size!r} "
-                f"(conveyor: pass an int >= 1, or batch_size=None to load single samples)"
-            )
-
     def _warn_worker_count(self) -> None:
         if self.num_workers == 0:
             return
@@ -386,7 +259,7 @@ class DataLoader(Generic[T_co]):
         With ``seed=``, the epoch picks the shuffle and the batch seeds, so
         calling ``set_epoch(e)`` before ``iter()`` reproduces epoch ``e``.
         """
-        if not _is_int(epoch) or epoch < 0:
+        if not _args.is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         dropped = self._tracker.set_epoch(epoch, type(self).__name__)
         # The index sampler (a BatchSampler passes it on to its sampler).
@@ -499,11 +372,25 @@ class DataLoader(Generic[T_co]):
             self._finalizer = weakref.finalize(self, self._executor.shutdown)
         return self._executor, False
 
-    def __iter__(self) -> "_LoaderIterator":
+    def __iter__(self) -> LoaderIterator:
         start = self._tracker.begin(self._state_view())  # the base seed is drawn before the sampler draws, as torch
         indices = iter(self._index_sampler)
         executor, owned = self._executor_for(start.base_seed)
-        return _LoaderIterator(self, executor, owned, start, indices)
+        return LoaderIterator(self, executor, owned, start, indices, self._pass_settings())
+
+    def _pass_settings(self) -> PassSettings:
+        index_sampler = self._index_sampler
+        which = "batch_sampler" if self.batch_sampler is not None else "sampler"
+        return PassSettings(
+            index_sampler=index_sampler,
+            sampler_text=f"the {which} {type(index_sampler).__name__}",
+            iterable=self._iterable,
+            num_workers=self.num_workers,
+            pin_ahead=self.prefetch_factor or 1,
+            pin=self._warn_pin_memory(),
+            expected_length=self._IterableDataset_len_called,
+            dataset=self.dataset,
+        )
 
     def _warn_pin_memory(self) -> bool:
         """Whether batches will be pinned; warns once per iterator, as torch
@@ -542,151 +429,3 @@ def _accelerator_available() -> bool:
     if accelerator is not None:
         return bool(accelerator.is_available())
     return bool(torch.cuda.is_available())
-
-
-class _LoaderIterator:
-    """One pass over the data. Owns its executor unless workers persist."""
-
-    def __init__(self, loader: DataLoader, executor: Any, owned: bool, start: _state.Start, indices: Iterator):
-        self._loader = loader
-        self._executor = executor
-        progress, resume = start.progress, start.resume
-        self.epoch = start.epoch
-        self.base_seed = start.base_seed
-        self._progress = progress
-        self._num_yielded = resume.count if resume is not None else 0
-        self._len_called = loader._IterableDataset_len_called
-        pin = loader._warn_pin_memory()
-        first, skip = (resume.position, resume.delivered_ahead) if resume is not None else (0, frozenset())
-        index_sampler = loader._index_sampler
-        if resume is not None and resume.sampler_skip:
-            what = f"the {'batch_sampler' if loader.batch_sampler is not None else 'sampler'} {type(index_sampler).__name__}"
-            indices = replay(indices, resume.sampler_skip, resume.first_batch, what)
-        drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, index_sampler, first=first == 0))
-        progress.draw_first = drawn.draw_first
-        plan = self._plan(drawn, start.base_seed, first, skip, loader._iterable)
-        executor.begin_epoch(next(_pass_ids), plan, first, skip, start.copies)
-        # With workers, batches are pinned in a thread (as torch); in-process, inline.
-        pinning = pin and loader.num_workers
-        self._pin_thread = PinThread(executor.next_batch, loader.prefetch_factor or 1, _pin_delivered) if pinning else None
-        self._pin_inline = pin and not loader.num_workers
-        self._next_batch = self._pin_thread.next_batch if self._pin_thread else executor.next_batch
-        self._finalizer = weakref.finalize(
-            self, _close_iteration, self._pin_thread, executor if owned else None, progress
-        )
-
-    @staticmethod
-    def _plan(
-        indices: Iterator, base_seed: int, first_index: int, skip: frozenset, iterable: bool
-    ) -> Iterator[PlannedBatch]:
-        """The epoch's batches from ``first_index`` on, each with its seed,
-        leaving out ``skip``. (A resumed sampler that cannot jump has already
-        drawn and dropped the batches before ``first_index``: ``replay``.)"""
-        batch_index = first_index
-        for batch in indices:
-            if batch_index not in skip:
-                # Map-style: the batch's own seed. Iterable: the base seed; the
-                # fetcher derives each batch's from (worker, its batch count).
-                seed = base_seed if iterable else rng.derive_seed(base_seed, batch_index)
-                yield PlannedBatch(batch_index, batch, seed)
-            batch_index += 1
-
-    def __iter__(self) -> "_LoaderIterator":
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            delivered = self._next_batch()
-        except StopIteration as end:
-            if end.value is not None:  # where an iterable dataset's copies stand at the end
-                self._progress.copies = end.value
-            self._progress.finished = True
-            self._close()
-            raise StopIteration from None
-        self._progress.delivered(delivered.index)
-        if delivered.worker_progress is not None:
-            self._progress.copies = delivered.worker_progress
-        if delivered.error is not None:
-            raise delivered.error
-        self._num_yielded += 1
-        self._check_length()
-        return pin_tree(delivered.data) if self._pin_inline else delivered.data
-
-    def _check_length(self) -> None:
-        expected = self._len_called
-        if self._loader._iterable and expected is not None and self._num_yielded > expected:
-            message = (
-                f"Length of IterableDataset {self._loader.dataset} was reported to be {expected}(when "
-                f"accessing len(dataloader)), but {self._num_yielded} samples have been fetched. "
-            )
-            if self._loader.num_workers > 0:
-                message += (
-                    "For multiprocessing data-loading, this could be caused by not properly configuring "
-                    "the IterableDataset replica at each worker. (conveyor: shard it with "
-                    "conveyor.ShardedIterable or get_worker_info().)"
-                )
-            warnings.warn(message, stacklevel=3)
-
-    def _close(self) -> None:
-        self._finalizer()
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __getstate__(self):
-        raise TypeError(f"{type(self).__name__} cannot be pickled; save loader.state_dict() instead")
-
-
-
-class _FirstDrawAhead:
-    """The index sampler's batches, whose first one can be drawn ahead of
-    time: a state saved before the first batch is delivered must name the
-    epoch's draw (a shuffle not yet drawn from the global generator would
-    be drawn anew after a resume). ``on_first(batch)`` sees the first batch
-    drawn. Thread-safe: the pin thread may iterate while the main thread saves."""
-
-    def __init__(self, batches: Iterator, on_first: Callable[[Any], None]):
-        self._batches = batches
-        self._on_first: Optional[Callable[[Any], None]] = on_first
-        self._ahead: list = []
-        self._lock = threading.Lock()
-
-    def draw_first(self) -> None:
-        """Draw the first batch now, if it was not drawn yet."""
-        with self._lock:
-            if self._on_first is not None:
-                self._draw()
-
-    def _draw(self) -> None:
-        on_first, self._on_first = self._on_first, None
-        for batch in self._batches:
-            self._ahead.append(batch)
-            on_first(batch)
-            break
-
-    def __iter__(self) -> "_FirstDrawAhead":
-        return self
-
-    def __next__(self) -> Any:
-        with self._lock:
-            if self._on_first is not None:
-                self._draw()
-            if self._ahead:
-                return self._ahead.pop()
-            return next(self._batches)
-
-
-def _pin_delivered(delivered: Delivered) -> Delivered:
-    return delivered if delivered.error is not None else dataclasses.replace(delivered, data=pin_tree(delivered.data))
-
-
-def _close_iteration(pin_thread: Optional[PinThread], executor: Any, progress: _state.EpochProgress) -> None:
-    """End of one pass (exhausted, abandoned or collected): stop pinning,
-    stop the workers when this pass owns them, and let the loader load a state."""
-    progress.iterating = False
-    if pin_thread is not None:
-        pin_thread.request_stop()
-    if executor is not None:
-        executor.shutdown()
-    if pin_thread is not None:
-        pin_thread.close()

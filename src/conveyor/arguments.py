@@ -1,0 +1,122 @@
+"""The DataLoader's arguments, checked when it is built: each mistake is a
+TypeError or ValueError at construction that names the argument and the
+fix, with torch's words first where torch has a message for it.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from ._engine import portable
+from .dataset import is_iterable_dataset, is_map_dataset
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_iterable(value: Any, name: str) -> None:
+    if not hasattr(value, "__iter__"):
+        raise TypeError(
+            f"{name} must be iterable (a Sampler or any object with __iter__), got "
+            f"{type(value).__name__}; pass e.g. {name}=SequentialSampler(dataset)"
+        )
+
+
+def check_workers(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: bool) -> None:
+    if not is_int(num_workers):
+        raise TypeError(f"num_workers must be an int, got {type(num_workers).__name__} ({num_workers!r})")
+    if num_workers < 0:
+        raise ValueError(
+            "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."
+        )
+    if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__} ({timeout!r})")
+    if timeout < 0:
+        raise ValueError("timeout option should be non-negative (conveyor: 0 waits without limit)")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError(
+            "prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to "
+            "enable multiprocessing, otherwise set prefetch_factor to None."
+        )
+    if prefetch_factor is not None:
+        if not is_int(prefetch_factor):
+            raise TypeError(
+                f"prefetch_factor must be an int, got {type(prefetch_factor).__name__} ({prefetch_factor!r})"
+            )
+        if prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if prefetch_factor == 0:
+            raise ValueError(
+                "prefetch_factor=0 would keep no batch in flight and load nothing; use 1 or more "
+                "(the default is 2)"
+            )
+    if num_workers > 0:
+        unsupported = portable.workers_unsupported()
+        if unsupported is not None:
+            raise NotImplementedError(unsupported)
+    if persistent_workers and num_workers == 0:
+        raise ValueError(
+            "persistent_workers option needs num_workers > 0 (conveyor: set num_workers, or drop "
+            "persistent_workers=True)"
+        )
+
+def check_stall_warning(stall_warning: Any) -> None:
+    if not isinstance(stall_warning, numbers.Real) or isinstance(stall_warning, bool):
+        raise TypeError(
+            f"stall_warning must be a number of seconds, got {type(stall_warning).__name__} ({stall_warning!r})"
+        )
+    if stall_warning < 0:
+        raise ValueError("stall_warning option should be non-negative (conveyor: 0 turns the warning off)")
+
+def check_dataset(dataset: Any) -> bool:
+    if is_iterable_dataset(dataset):
+        return True
+    if is_map_dataset(dataset):
+        return False
+    raise TypeError(
+        f"dataset must be map-style (with __getitem__ and __len__) or iterable-style (with "
+        f"__iter__), got {type(dataset).__name__} which has neither; subclass "
+        f"conveyor.Dataset or conveyor.IterableDataset, or wrap your data in a list"
+    )
+
+def check_callables(collate_fn: Any, worker_init_fn: Any) -> None:
+    for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
+
+def check_seed(seed: Any, generator: Any) -> None:
+    if seed is None:
+        return
+    if not is_int(seed):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} ({seed!r})")
+    if generator is not None:
+        raise ValueError(
+            "seed and generator are mutually exclusive: both would decide the shuffle; pass one"
+        )
+
+def check_iterable_options(shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
+    if shuffle not in {False, None}:
+        raise ValueError(
+            f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
+            f"shuffle={shuffle} (conveyor: an iterable dataset decides its own order; shuffle "
+            f"inside its __iter__, e.g. with a buffer)"
+        )
+    if sampler is not None:
+        raise ValueError(
+            f"DataLoader with IterableDataset: expected unspecified sampler option, but got "
+            f"sampler={sampler} (conveyor: samplers choose indices, which an iterable dataset has not)"
+        )
+    if batch_sampler is not None:
+        raise ValueError(
+            f"DataLoader with IterableDataset: expected unspecified batch_sampler option, but got "
+            f"batch_sampler={batch_sampler} (conveyor: use batch_size= instead)"
+        )
+
+def check_batch_size(batch_size: Any) -> None:
+    if not is_int(batch_size) or batch_size <= 0:
+        raise ValueError(
+            f"batch_size should be a positive integer value, but got batch_size={batch_size!r} "
+            f"(conveyor: pass an int >= 1, or batch_size=None to load single samples)"
+        )

@@ -1,0 +1,194 @@
+"""One pass over the data: the plan, the executor, delivery to the loop.
+
+    iter(loader) ──▶ LoaderIterator(start, index sampler's batches, settings)
+        plan:      replay (a resumed sampler that cannot jump) ──▶ _FirstDrawAhead
+                   ──▶ _plan: PlannedBatch(index, indices, seed) for each batch
+        executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(index, data | error, copies)
+        delivery:  [pin thread] ──▶ progress.delivered(index) ──▶ the batch (or its error)
+
+The pass owns its executor unless workers persist (then the loader does),
+and its finalizer stops the pin thread and the owned workers whether the
+pass is exhausted, abandoned or collected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Iterator, Optional
+
+from . import rng
+from ._engine.executor import Delivered, Executor, PlannedBatch
+from ._engine.pin import PinThread, pin_tree
+from .sampler import replay
+from .state import EpochProgress, Start
+
+#: Identifies each pass over the data, so a persistent pool drops the
+#: results of an abandoned pass (set_epoch may repeat epoch numbers).
+_pass_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class PassSettings:
+    """What one pass needs to know of its loader, given by the loader."""
+
+    index_sampler: Any
+    #: How errors name the index sampler: "the sampler RandomSampler", ...
+    sampler_text: str
+    iterable: bool
+    num_workers: int
+    #: Batches the pin thread runs ahead (prefetch_factor), when pinning.
+    pin_ahead: int
+    pin: bool
+    #: An iterable dataset's length as len(loader) reported it (torch's check).
+    expected_length: Optional[int]
+    dataset: Any
+
+
+class LoaderIterator:
+    """One pass over the data. Owns its executor unless workers persist."""
+
+    def __init__(
+        self, loader: Any, executor: Executor, owned: bool, start: Start, indices: Iterator, settings: PassSettings
+    ):
+        self._loader = loader  # (for len(iterator) only)
+        self._settings = settings
+        progress, resume = start.progress, start.resume
+        self.epoch = start.epoch
+        self.base_seed = start.base_seed
+        self._progress = progress
+        self._num_yielded = resume.count if resume is not None else 0
+        first, skip = (resume.position, resume.delivered_ahead) if resume is not None else (0, frozenset())
+        if resume is not None and resume.sampler_skip:
+            indices = replay(indices, resume.sampler_skip, resume.first_batch, settings.sampler_text)
+        drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, settings.index_sampler, first=first == 0))
+        progress.draw_first = drawn.draw_first
+        plan = _plan(drawn, start.base_seed, first, skip, settings.iterable)
+        executor.begin_epoch(next(_pass_ids), plan, first, skip, start.copies)
+        # With workers, batches are pinned in a thread (as torch); in-process, inline.
+        pinning = settings.pin and settings.num_workers > 0
+        self._pin_thread = PinThread(executor.next_batch, settings.pin_ahead, _pin_delivered) if pinning else None
+        self._pin_inline = settings.pin and not settings.num_workers
+        self._next_batch = self._pin_thread.next_batch if self._pin_thread else executor.next_batch
+        self._finalizer = weakref.finalize(
+            self, _close_iteration, self._pin_thread, executor if owned else None, progress
+        )
+
+    def __iter__(self) -> "LoaderIterator":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            delivered = self._next_batch()
+        except StopIteration as end:
+            if end.value is not None:  # where an iterable dataset's copies stand at the end
+                self._progress.copies = end.value
+            self._progress.finished = True
+            self._close()
+            raise StopIteration from None
+        self._progress.delivered(delivered.index)
+        if delivered.worker_progress is not None:
+            self._progress.copies = delivered.worker_progress
+        if delivered.error is not None:
+            raise delivered.error
+        self._num_yielded += 1
+        self._check_length()
+        return pin_tree(delivered.data) if self._pin_inline else delivered.data
+
+    def _check_length(self) -> None:
+        settings = self._settings
+        expected = settings.expected_length
+        if settings.iterable and expected is not None and self._num_yielded > expected:
+            message = (
+                f"Length of IterableDataset {settings.dataset} was reported to be {expected}(when "
+                f"accessing len(dataloader)), but {self._num_yielded} samples have been fetched. "
+            )
+            if settings.num_workers > 0:
+                message += (
+                    "For multiprocessing data-loading, this could be caused by not properly configuring "
+                    "the IterableDataset replica at each worker. (conveyor: shard it with "
+                    "conveyor.ShardedIterable or get_worker_info().)"
+                )
+            warnings.warn(message, stacklevel=3)
+
+    def _close(self) -> None:
+        self._finalizer()
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getstate__(self):
+        raise TypeError(f"{type(self).__name__} cannot be pickled; save loader.state_dict() instead")
+
+
+def _plan(indices: Iterator, base_seed: int, first_index: int, skip: frozenset, iterable: bool) -> Iterator[PlannedBatch]:
+    """The epoch's batches from ``first_index`` on, each with its seed,
+    leaving out ``skip``. (A resumed sampler that cannot jump has already
+    drawn and dropped the batches before ``first_index``: ``replay``.)"""
+    batch_index = first_index
+    for batch in indices:
+        if batch_index not in skip:
+            # Map-style: the batch's own seed. Iterable: the base seed; the
+            # fetcher derives each batch's from (worker, its batch count).
+            seed = base_seed if iterable else rng.derive_seed(base_seed, batch_index)
+            yield PlannedBatch(batch_index, batch, seed)
+        batch_index += 1
+
+
+class _FirstDrawAhead:
+    """The index sampler's batches, whose first one can be drawn ahead of
+    time: a state saved before the first batch is delivered must name the
+    epoch's draw (a shuffle not yet drawn from the global generator would
+    be drawn anew after a resume). ``on_first(batch)`` sees the first batch
+    drawn. Thread-safe: the pin thread may iterate while the main thread saves."""
+
+    def __init__(self, batches: Iterator, on_first: Callable[[Any], None]):
+        self._batches = batches
+        self._on_first: Optional[Callable[[Any], None]] = on_first
+        self._ahead: list = []
+        self._lock = threading.Lock()
+
+    def draw_first(self) -> None:
+        """Draw the first batch now, if it was not drawn yet."""
+        with self._lock:
+            if self._on_first is not None:
+                self._draw()
+
+    def _draw(self) -> None:
+        on_first, self._on_first = self._on_first, None
+        for batch in self._batches:
+            self._ahead.append(batch)
+            on_first(batch)
+            break
+
+    def __iter__(self) -> "_FirstDrawAhead":
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._on_first is not None:
+                self._draw()
+            if self._ahead:
+                return self._ahead.pop()
+            return next(self._batches)
+
+
+def _pin_delivered(delivered: Delivered) -> Delivered:
+    return delivered if delivered.error is not None else dataclasses.replace(delivered, data=pin_tree(delivered.data))
+
+
+def _close_iteration(pin_thread: Optional[PinThread], executor: Any, progress: EpochProgress) -> None:
+    """End of one pass (exhausted, abandoned or collected): stop pinning,
+    stop the workers when this pass owns them, and let the loader load a state."""
+    progress.iterating = False
+    if pin_thread is not None:
+        pin_thread.request_stop()
+    if executor is not None:
+        executor.shutdown()
+    if pin_thread is not None:
+        pin_thread.close()
