@@ -58,7 +58,7 @@ import conveyor
 import procutil
 from conveyor._engine.errors import TransportError, WorkerDiedError
 from conveyor._engine.watchdog import StallWarning
-from toy_datasets import Squares
+from toy_datasets import Squares, SlowAt1
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -377,7 +377,7 @@ def test_a_loader_broken_at_a_boundary_can_be_garbage_collected(tmp_path, monkey
         )
     it = iter(loader)
     err = take_until_error(it, TransportError)[1]  # (the batches before it are views on shared memory: not kept)
-    cause, message = err.__cause__, str(err)
+    message = str(err)
     iterator_alive = weakref.ref(it)
     del it, loader, err
     gc.collect()
@@ -1043,30 +1043,15 @@ def test_a_failing_worker_init_fn_is_reported_as_itself_even_under_cpu_load(cpu_
 
 
 # ======================================================== 12. stall watchdog
-class BlocksAt1:
-    """Sample 1 takes ``seconds`` (far longer than the stall setting)."""
-
-    def __init__(self, n: int, seconds: float):
-        self.n, self.seconds = n, seconds
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if i == 1:
-            time.sleep(self.seconds)
-        return i
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_a_stalled_sample_gives_one_stall_warning_with_the_workers_stack(tmp_path, method):
     """stall_warning=0.5 and sample 1 takes 1.5 s: exactly one StallWarning,
     naming worker 0, its pid, batch 1, sample index 1, and the worker's stack
-    (inside BlocksAt1.__getitem__); then every batch arrives. Worker start-up
+    (inside SlowAt1.__getitem__); then every batch arrives. Worker start-up
     is kept out of the window (the test waits for worker_init_fn first)."""
     before = procutil.descendants()
     loader = conveyor.DataLoader(
-        BlocksAt1(4, 1.5), batch_size=1, num_workers=1, stall_warning=0.5,
+        SlowAt1(4, 1.5), batch_size=1, num_workers=1, stall_warning=0.5,
         multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
     )
     it = iter(loader)
@@ -1080,7 +1065,7 @@ def test_a_stalled_sample_gives_one_stall_warning_with_the_workers_stack(tmp_pat
     assert f"worker 0 (pid {pid}) has been loading batch 1 (sample indices [1])" in text
     assert "stall_warning=0.5" in text
     stack = text.split("Its stack:", 1)[1]
-    assert "__getitem__" in stack and "test_boundaries.py" in stack
+    assert "__getitem__" in stack and "toy_datasets.py" in stack
     del it, loader
     assert_no_worker_left(before)
 
@@ -1091,7 +1076,7 @@ def test_stall_warning_zero_never_warns(tmp_path, method):
     no StallWarning."""
     before = procutil.descendants()
     loader = conveyor.DataLoader(
-        BlocksAt1(3, 1.0), batch_size=1, num_workers=1, stall_warning=0,
+        SlowAt1(3, 1.0), batch_size=1, num_workers=1, stall_warning=0,
         multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
     )
     it = iter(loader)

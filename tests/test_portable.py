@@ -34,7 +34,7 @@ from conveyor._engine import portable, stacks
 from conveyor._engine.errors import WorkerDiedError
 from conveyor._engine.shm import StopFlag
 from conveyor._engine.watchdog import StallWarning
-from toy_datasets import Squares
+from toy_datasets import Squares, SlowAt1
 
 #: A hang shows as a failure, never as a stuck suite.
 pytestmark = pytest.mark.timeout(60)
@@ -75,21 +75,6 @@ class Growing:
 
     def __getitem__(self, i):
         return np.arange((i + 1) * 4096, dtype=np.int32) + i
-
-
-class SlowAt1:
-    """Sample 1 takes ``seconds``; the others are instant."""
-
-    def __init__(self, n: int, seconds: float):
-        self.n, self.seconds = n, seconds
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if i == 1:
-            time.sleep(self.seconds)
-        return i
 
 
 class Hangs:
@@ -296,7 +281,7 @@ def test_a_stall_warning_shows_the_stack_asked_for_with_sigusr2(linux_paths_off,
     stalls = [str(w.message) for w in record if issubclass(w.category, StallWarning)]
     assert len(stalls) == 1, stalls
     stack = stalls[0].split("Its stack:", 1)[1]
-    assert "__getitem__" in stack and "test_portable.py" in stack, stalls[0]
+    assert "__getitem__" in stack and "toy_datasets.py" in stack, stalls[0]
     del it
 
 

@@ -13,6 +13,8 @@ package for the whole test session.
 
 from __future__ import annotations
 
+import time
+
 import conveyor
 
 
@@ -27,3 +29,19 @@ class Squares(conveyor.Dataset):
 
     def __getitem__(self, i: int) -> int:
         return i * i
+
+
+class SlowAt1:
+    """Map-style: sample ``i`` is ``i``; sample 1 takes ``seconds`` (far
+    longer than a stall_warning or timeout setting), the others are instant."""
+
+    def __init__(self, n: int, seconds: float):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == 1:
+            time.sleep(self.seconds)
+        return i
