@@ -92,8 +92,8 @@ class LoaderIterator:
             self._close()
             raise StopIteration from None
         self._progress.delivered(delivered.index)
-        if delivered.worker_progress is not None:
-            self._progress.copies = delivered.worker_progress
+        if delivered.copies is not None:
+            self._progress.copies = delivered.copies
         if delivered.error is not None:
             raise delivered.error
         self._num_yielded += 1

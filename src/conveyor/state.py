@@ -3,7 +3,7 @@
 ::
 
     DataLoader.__iter__        ──▶ tracker.begin(view) ──▶ Start(epoch, base seed, progress, resume, copies)
-    iterator, each batch       ──▶ progress.delivered(index), progress.copies = delivered.worker_progress
+    iterator, each batch       ──▶ progress.delivered(index), progress.copies = delivered.copies
     DataLoader.state_dict()    ──▶ tracker.save(view)  ──▶ {version, kind, settings, ..., checksum}
     DataLoader.load_state_dict ──▶ tracker.load(view, state): check everything, load the
                                    sampler/generator/dataset parts (undone if one refuses),
@@ -113,7 +113,7 @@ class EpochProgress:
     iterating: bool = True
     #: Iterable dataset: where each copy stood after its last delivered
     #: batch (one per worker, or the one in this process), as
-    #: ``Delivered.worker_progress`` reports it; at the end, as the epoch left them.
+    #: ``Delivered.copies`` reports it; at the end, as the epoch left them.
     copies: Any = None
 
     @property

@@ -33,14 +33,14 @@ class PlannedBatch:
 class Delivered:
     """One batch as the executor hands it out: its index in the epoch, and
     its data or the exception loading it raised (which still counts as
-    delivered, as in torch). For an iterable dataset in workers,
-    ``worker_progress`` is where every worker's copy stood as of this batch
-    (a plain dict, see progress.py)."""
+    delivered, as in torch). For an iterable dataset, ``copies`` is where
+    each copy stood as of this batch (one per worker, or the one of
+    ``num_workers=0``; a plain dict, see progress.py)."""
 
     index: int
     data: Any = None
     error: Optional[BaseException] = None
-    worker_progress: Optional[dict] = None
+    copies: Optional[dict] = None
     #: Seconds spent in each stage of this batch, by stage name (for stats;
     #: None until stages are timed).
     timings: Optional[Mapping[str, float]] = None
@@ -102,8 +102,8 @@ class InProcessExecutor:
         except EndOfData:
             raise StopIteration(self._copies()) from None
         except Exception as error:
-            return Delivered(task.batch_index, error=error, worker_progress=self._copies())
-        return Delivered(task.batch_index, data, worker_progress=self._copies())
+            return Delivered(task.batch_index, error=error, copies=self._copies())
+        return Delivered(task.batch_index, data, copies=self._copies())
 
     def _copies(self) -> Optional[dict]:
         """An iterable dataset: where its one copy stands, as a one-worker progress."""

@@ -172,7 +172,7 @@ class ProcessExecutor:
         the batches in ``skip`` (delivered before the resume, with
         ``in_order=False``); in-order delivery starts at ``first_index`` and
         passes over ``skip``. For an iterable dataset, ``workers_resume`` (a
-        saved ``worker_progress``) puts each worker's copy back where it
+        saved ``copies``) puts each worker's copy back where it
         stood, retires the workers that had run out and gives the next turn
         to the worker whose turn it was.
         """
@@ -198,7 +198,7 @@ class ProcessExecutor:
 
     def next_batch(self) -> Delivered:
         """The next batch of this epoch; StopIteration at its end, whose
-        ``value`` is the final ``worker_progress`` (iterable datasets) or None."""
+        ``value`` is the final ``copies`` (iterable datasets) or None."""
         self._check_owner()
         self._raise_if_unusable()
         deadline = time.monotonic() + self.config.timeout_s if self.config.timeout_s > 0 else None

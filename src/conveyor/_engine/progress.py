@@ -4,7 +4,7 @@ Each worker holds its own copy of an iterable dataset. After every
 delivered batch the loader needs, to save its state: each copy's own state
 (when the dataset has ``state_dict``), which copies ran out this epoch, and
 whose turn is next in the round robin. A snapshot is a plain dict, the
-``worker_progress`` of ``DataLoader.state_dict()``.
+``copies`` of ``DataLoader.state_dict()``.
 """
 
 from __future__ import annotations
@@ -55,5 +55,5 @@ class IterableProgress:
             self.retired.append(worker_id)
 
     def snapshot(self) -> dict:
-        """A copy as plain values (``worker_progress`` in DataLoader.state_dict)."""
+        """A copy as plain values (``copies`` in DataLoader.state_dict)."""
         return {"states": list(self.states), "retired": list(self.retired), "next": self.next_turn}
