@@ -32,3 +32,18 @@ def test_torch_facade_has_every_public_name_of_torch_utils_data():
 def test_core_import_loads_no_framework():
     code = "import sys, conveyor; assert 'torch' not in sys.modules and 'jax' not in sys.modules, sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+#: The public surface, pinned: a name added or removed is a decision, made here too.
+CORE_NAMES = {
+    "BatchSampler", "ChainDataset", "ConcatDataset", "DataLoader", "Dataset", "DistributedSampler",
+    "IterableDataset", "PadCollate", "RandomSampler", "Sampler", "SequentialSampler", "ShardedIterable",
+    "StackDataset", "StallWarning", "Stateful", "Subset", "SubsetRandomSampler", "TensorDataset",
+    "TokenBudgetBatchSampler", "TransportError", "WeightedRandomSampler", "WorkerDiedError", "WorkerInfo",
+    "default_collate", "default_convert", "derive_seed", "get_worker_info", "random_split", "register_collate",
+}
+
+
+def test_the_public_surface_is_exactly_the_pinned_one():
+    assert set(conveyor.__all__) == CORE_NAMES
+    assert set(ct.__all__) == (CORE_NAMES - {"derive_seed"}) | {"StatefulDataLoader"}

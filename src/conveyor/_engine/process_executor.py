@@ -53,7 +53,7 @@ from .pool import REAP_TIMEOUT_S, Event, Sent, WorkerHandle, WorkerPool
 from .progress import IterableProgress
 from .reorder import ReorderBuffer
 from .shm import SPARE_SLOTS
-from .watchdog import BusyWorker, StallWarning, StallWatchdog, late_text
+from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers, late_text
 from .worker import WorkerConfig, WorkerFds
 
 
@@ -421,26 +421,8 @@ class ProcessExecutor:
             return None, error
 
     # ------------------------------------------------------------- watching
-    def _doing(self, worker: WorkerHandle) -> Optional[str]:
-        if worker.id in self._starting:
-            return "starting (imports, seeding, worker_init_fn)"
-        sent = worker.current(self._epoch_id)
-        if sent is None or sent.batch_index not in self._pending:
-            return None
-        return f"loading batch {sent.batch_index} ({describe_indices(self._pending[sent.batch_index].indices)})"
-
     def _busy(self, with_stacks: bool = False) -> list[BusyWorker]:
-        """What each worker with something in hand is doing."""
-        now = time.monotonic()
-        busy = []
-        for worker in self._workers:
-            doing = self._doing(worker)
-            if doing is None:
-                continue
-            queued = tuple(s.batch_index for s in worker.outstanding if s.epoch_id == self._epoch_id)
-            stack = worker.stack.request(worker.process.pid) if with_stacks and worker.stack is not None else ""
-            busy.append(BusyWorker(worker.describe(), doing, now - worker.busy_since, stack, queued))
-        return busy
+        return busy_workers(self._workers, self._epoch_id, self._pending, self._starting, with_stacks)
 
     def _warn_stall(self) -> None:
         warnings.warn(self._watchdog.report(self._busy(with_stacks=True)), StallWarning, stacklevel=5)

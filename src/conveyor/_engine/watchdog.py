@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Iterable, Mapping, Optional
+
+from .errors import describe_indices
 
 
 class StallWarning(RuntimeWarning):
@@ -77,6 +79,28 @@ class StallWatchdog:
             lines.append(f"{entry.worker} has been {entry.doing} for {entry.busy_s:.0f} s. Its stack:")
             lines.append(_indent(entry.stack) if entry.stack else "    (unavailable)")
         return "\n".join(lines)
+
+
+def busy_workers(workers: Iterable[Any], epoch_id: int, pending: Mapping[int, Any], starting: set,
+                 with_stacks: bool) -> list[BusyWorker]:
+    """What each worker (a pool.WorkerHandle) with something in hand is
+    doing: starting up, or loading the batch of this epoch it began first
+    (``pending``: batch index -> its PlannedBatch). ``with_stacks`` asks
+    each one for its Python stack (a signal; about 50 ms each)."""
+    now = time.monotonic()
+    busy = []
+    for worker in workers:
+        sent = worker.current(epoch_id)
+        if worker.id in starting:
+            doing = "starting (imports, seeding, worker_init_fn)"
+        elif sent is not None and sent.batch_index in pending:
+            doing = f"loading batch {sent.batch_index} ({describe_indices(pending[sent.batch_index].indices)})"
+        else:
+            continue
+        queued = tuple(s.batch_index for s in worker.outstanding if s.epoch_id == epoch_id)
+        stack = worker.stack.request(worker.process.pid) if with_stacks and worker.stack is not None else ""
+        busy.append(BusyWorker(worker.describe(), doing, now - worker.busy_since, stack, queued))
+    return busy
 
 
 def late_text(busy: list[BusyWorker], wanted: Optional[int], wanted_indices: str) -> str:
