@@ -25,6 +25,9 @@ Workloads:
      random resized crop (F.interpolate to 224), flip, to float, normalize,
      batch 32, 2 workers (fork); the main process keeps torch's default
      thread count, as a training script does. samples/s.
+  h  the cost of stats: (b) through conveyor with collect_stats on and off,
+     10,000 batches a run, twice the rounds (the difference is small, the
+     noise is not). batches/s; "overhead" is 1 - on/off.
 """
 
 from __future__ import annotations
@@ -91,6 +94,15 @@ def _rate(loader, amount) -> float:
 def run_small(kind: str, batches: int) -> float:
     """Batches per second of 32 int samples."""
     loader = _loader(kind, workloads.Ints(32 * (batches + 1)), batch_size=32, num_workers=2)
+    return _rate(loader, lambda batch: 1)
+
+
+def run_small_stats(kind: str, batches: int) -> float:
+    """Batches per second of (b) through conveyor, stats on or off."""
+    import conveyor.torch as ct
+
+    dataset = workloads.Ints(32 * (batches + 1))
+    loader = ct.DataLoader(dataset, batch_size=32, num_workers=2, collect_stats=kind == "stats_on")
     return _rate(loader, lambda batch: 1)
 
 
@@ -255,17 +267,18 @@ def machine_limits() -> dict:
 # -------------------------------------------------------------------- driver
 
 
-def _alternate(fn, rounds: int) -> dict:
-    results = {"conveyor": [], "torch": []}
+def _alternate(fn, rounds: int, kinds: tuple = ("conveyor", "torch")) -> dict:
+    """``fn(kind)`` for each kind in turn, ``rounds`` times; medians, and
+    the ratio of the first kind's median to the second's."""
+    results: dict = {kind: [] for kind in kinds}
     for _ in range(rounds):
-        for kind in ("conveyor", "torch"):
+        for kind in kinds:
             results[kind].append(fn(kind))
-    conveyor_median = statistics.median(results["conveyor"])
-    torch_median = statistics.median(results["torch"])
+    medians = {kind: statistics.median(values) for kind, values in results.items()}
+    first, second = kinds
     return {
-        "conveyor": round(conveyor_median, 4),
-        "torch": round(torch_median, 4),
-        "ratio": round(conveyor_median / torch_median, 3),
+        **{kind: round(median, 4) for kind, median in medians.items()},
+        "ratio": round(medians[first] / medians[second], 3),
         "samples": {k: [round(v, 4) for v in vs] for k, vs in results.items()},
     }
 
@@ -274,7 +287,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=5, help="A B rounds per workload (default 5)")
-    parser.add_argument("--only", default="a,b,c,d,e,f,g", help="comma-separated workloads to run")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h", help="comma-separated workloads to run")
     args = parser.parse_args()
     only = set(args.only.split(","))
     import torch
@@ -312,6 +325,10 @@ def main() -> int:
             rounds = max(2, args.rounds // 2)
             work["e_peak_memory_MB"] = _alternate(lambda k: run_memory(k, tmp, 60, "rss"), rounds)
             work["e_peak_memory_pss_MB"] = _alternate(lambda k: run_memory(k, tmp, 60, "pss"), rounds)
+        if "h" in only:
+            stats = _alternate(lambda k: run_small_stats(k, 10000), 2 * args.rounds, ("stats_on", "stats_off"))
+            stats["overhead"] = round(1 - stats["ratio"], 4)
+            work["h_stats_overhead_small_batches_per_s"] = stats
         if "g" in only:
             with _torch_threads(default_threads):
                 work["g_torch_aug_samples_per_s"] = _alternate(lambda k: run_torch_augmented(k, 40), args.rounds)
@@ -334,7 +351,8 @@ def main() -> int:
         print(f"machine: {report['machine']}")
         print("limits: " + ", ".join(f"{k}={v:.3g}" for k, v in limits.items()))
         for name, r in report["workloads"].items():
-            print(f"{name:28s} conveyor {r['conveyor']:>10.4g}  torch {r['torch']:>10.4g}  ratio {r['ratio']:.2f}")
+            first, second = [k for k in r if k not in ("ratio", "samples")][:2]
+            print(f"{name:28s} {first} {r[first]:>10.4g}  {second} {r[second]:>10.4g}  ratio {r['ratio']:.2f}")
         if "resume" in report:
             print("f_resume: " + json.dumps(report["resume"]))
     return 0

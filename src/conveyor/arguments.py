@@ -70,6 +70,14 @@ def check_stall_warning(stall_warning: Any) -> None:
     if stall_warning < 0:
         raise ValueError("stall_warning option should be non-negative (conveyor: 0 turns the warning off)")
 
+
+def check_stats(collect_stats: Any, progress: Any) -> None:
+    for name, value in (("collect_stats", collect_stats), ("progress", progress)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {type(value).__name__} ({value!r})")
+    if progress and not collect_stats:
+        raise ValueError("progress=True shows the loader's stats, which collect_stats=False turns off; drop one of them")
+
 def check_dataset(dataset: Any) -> bool:
     if is_iterable_dataset(dataset):
         return True

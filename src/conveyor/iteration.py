@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 import threading
 import warnings
 import weakref
 from dataclasses import dataclass
 from functools import partial
+from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
 from . import rng
@@ -27,6 +29,7 @@ from ._engine.executor import Delivered, Executor, PlannedBatch
 from ._engine.pin import PinThread, pin_tree
 from .sampler import replay
 from .state import EpochProgress, Start
+from .stats import StatsRecorder
 
 #: Identifies each pass over the data, so a persistent pool drops the
 #: results of an abandoned pass (set_epoch may repeat epoch numbers).
@@ -48,6 +51,10 @@ class PassSettings:
     #: An iterable dataset's length as len(loader) reported it (torch's check).
     expected_length: Optional[int]
     dataset: Any
+    #: Where each batch's timings go (None: stats are off).
+    stats: Optional[StatsRecorder] = None
+    #: When iter(loader) was called (perf_counter).
+    started_at: float = 0.0
 
 
 class LoaderIterator:
@@ -75,22 +82,44 @@ class LoaderIterator:
         self._pin_thread = PinThread(executor.next_batch, settings.pin_ahead, _pin_delivered) if pinning else None
         self._pin_inline = settings.pin and not settings.num_workers
         self._next_batch = self._pin_thread.next_batch if self._pin_thread else executor.next_batch
+        # Profilers see the range torch.utils.data opens around each next().
+        self._profile_name = "enumerate(DataLoader)#{}.__next__".format(
+            "_MultiProcessingDataLoaderIter" if settings.num_workers > 0 else "_SingleProcessDataLoaderIter"
+        )
+        self._stats = settings.stats
+        self._pass_id = 0
+        if self._stats is not None:
+            self._pass_id = self._stats.begin_pass(settings.started_at, _length(settings), settings.num_workers)
         self._finalizer = weakref.finalize(
-            self, _close_iteration, self._pin_thread, executor if owned else None, progress
+            self, _close_iteration, self._pin_thread, executor if owned else None, progress, self._stats, self._pass_id
         )
 
     def __iter__(self) -> "LoaderIterator":
         return self
 
     def __next__(self) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and _profiling(torch):
+            with torch.autograd.profiler.record_function(self._profile_name):
+                return self._next()
+        return self._next()
+
+    def _next(self) -> Any:
+        called_at = perf_counter()
         try:
             delivered = self._next_batch()
         except StopIteration as end:
             if end.value is not None:  # where an iterable dataset's copies stand at the end
                 self._progress.copies = end.value
             self._progress.finished = True
+            if self._stats is not None:
+                self._stats.end_pass(self._pass_id, called_at, perf_counter())
             self._close()
             raise StopIteration from None
+        if self._pin_inline:
+            delivered = _pin_delivered(delivered)
+        if self._stats is not None:
+            self._stats.batch(self._pass_id, delivered, called_at, perf_counter())
         self._progress.delivered(delivered.index)
         if delivered.copies is not None:
             self._progress.copies = delivered.copies
@@ -98,7 +127,7 @@ class LoaderIterator:
             raise delivered.error
         self._num_yielded += 1
         self._check_length()
-        return pin_tree(delivered.data) if self._pin_inline else delivered.data
+        return delivered.data
 
     def _check_length(self) -> None:
         settings = self._settings
@@ -127,16 +156,22 @@ class LoaderIterator:
 
 
 def _plan(indices: Iterator, base_seed: int, first_index: int, skip: frozenset, iterable: bool) -> Iterator[PlannedBatch]:
-    """The epoch's batches from ``first_index`` on, each with its seed,
-    leaving out ``skip``. (A resumed sampler that cannot jump has already
-    drawn and dropped the batches before ``first_index``: ``replay``.)"""
+    """The epoch's batches from ``first_index`` on, each with its seed and
+    the time the sampler took to draw it, leaving out ``skip``. (A resumed
+    sampler that cannot jump has already drawn and dropped the batches
+    before ``first_index``: ``replay``.)"""
     batch_index = first_index
-    for batch in indices:
+    while True:
+        asked_at = perf_counter()
+        try:
+            batch = next(indices)
+        except StopIteration:
+            return
         if batch_index not in skip:
             # Map-style: the batch's own seed. Iterable: the base seed; the
             # fetcher derives each batch's from (worker, its batch count).
             seed = base_seed if iterable else rng.derive_seed(base_seed, batch_index)
-            yield PlannedBatch(batch_index, batch, seed)
+            yield PlannedBatch(batch_index, batch, seed, perf_counter() - asked_at)
         batch_index += 1
 
 
@@ -179,12 +214,42 @@ class _FirstDrawAhead:
 
 
 def _pin_delivered(delivered: Delivered) -> Delivered:
-    return delivered if delivered.error is not None else dataclasses.replace(delivered, data=pin_tree(delivered.data))
+    """The batch in pinned memory; its timings say how long that took."""
+    if delivered.error is not None:
+        return delivered
+    started_at = perf_counter()
+    data = pin_tree(delivered.data)
+    timings = delivered.timings
+    if timings is not None:
+        timings = timings._replace(pin_s=perf_counter() - started_at)
+    return dataclasses.replace(delivered, data=data, timings=timings)
 
 
-def _close_iteration(pin_thread: Optional[PinThread], executor: Any, progress: EpochProgress) -> None:
+def _profiling(torch: Any) -> bool:
+    """Whether a torch profiler is recording (cheap: a flag)."""
+    try:
+        return torch.autograd._profiler_enabled()
+    except AttributeError:  # torch still importing, or an unusual build
+        return False
+
+
+def _length(settings: PassSettings) -> Optional[int]:
+    """The pass's number of batches when known (for a progress bar's ETA)."""
+    if settings.iterable:
+        return settings.expected_length
+    try:
+        return len(settings.index_sampler)
+    except Exception:  # no length, or a sampler whose __len__ fails: a bar without ETA
+        return None
+
+
+def _close_iteration(
+    pin_thread: Optional[PinThread], executor: Any, progress: EpochProgress, stats: Optional[StatsRecorder], pass_id: int
+) -> None:
     """End of one pass (exhausted, abandoned or collected): stop pinning,
     stop the workers when this pass owns them, and let the loader load a state."""
+    if stats is not None:
+        stats.abandon_pass(pass_id)
     progress.iterating = False
     if pin_thread is not None:
         pin_thread.request_stop()

@@ -16,18 +16,21 @@ torch seeded from ``derive_seed(base_seed, i)``, in a worker or in-process
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
 import sys
 import warnings
 import weakref
+from time import perf_counter
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, TypeVar
 
 from . import arguments as _args
 from . import collate as _collate
 from . import sampler as _sampler
 from . import state as _state
+from . import stats as _stats
 from .iteration import LoaderIterator, PassSettings
 from ._engine.executor import InProcessExecutor
 from ._engine.process_executor import ProcessConfig, ProcessExecutor
@@ -62,6 +65,10 @@ class DataLoader(Generic[T_co]):
       :class:`~conveyor.StallWarning` names each busy worker, its batch and
       its Python stack; iteration goes on. ``0`` turns it off. (``timeout``
       still makes a late batch an error.)
+    * ``collect_stats``: time every batch's stages for :meth:`stats`
+      (default True; the cost is within measurement noise, bench workload h).
+    * ``progress``: show a live tqdm bar per pass (samples/s, data wait,
+      workers busy, ETA). Needs tqdm.
 
     Example::
 
@@ -105,9 +112,12 @@ class DataLoader(Generic[T_co]):
         in_order: bool = True,
         seed: Optional[int] = None,
         stall_warning: float = 300.0,
+        collect_stats: bool = True,
+        progress: bool = False,
     ) -> None:
         _args.check_workers(num_workers, timeout, prefetch_factor, persistent_workers)
         _args.check_stall_warning(stall_warning)
+        _args.check_stats(collect_stats, progress)
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         iterable = _args.check_dataset(dataset)
@@ -180,6 +190,10 @@ class DataLoader(Generic[T_co]):
         self._IterableDataset_len_called: Optional[int] = None
         #: Epochs, base seeds and resumable state (conveyor.state).
         self._tracker = _state.ResumeTracker()
+        #: Every batch's timings (conveyor.stats); None when collect_stats=False.
+        self._stats = _stats.StatsRecorder(num_workers) if collect_stats else None
+        if progress:
+            self._stats.add_listener(_stats.ProgressBar())
         self.__initialized = True
         self._warn_worker_count()
 
@@ -270,6 +284,59 @@ class DataLoader(Generic[T_co]):
                     warnings.simplefilter("ignore")  # the loader has said it once
                 target.set_epoch(epoch)
 
+    def stats(self, since: Optional[_stats.LoaderStats] = None) -> _stats.LoaderStats:
+        """Where this loader's time went, over every pass so far (see
+        :class:`conveyor.stats.LoaderStats`); with ``since`` (an earlier
+        result of this method), ``interval`` holds the stats since then.
+
+        Example::
+
+            >>> from conveyor import DataLoader
+            >>> loader = DataLoader(list(range(100)), batch_size=10)
+            >>> for batch in loader:
+            ...     pass
+            >>> stats = loader.stats()
+            >>> stats.batches, stats.samples, sorted(stats.stages)[:3]
+            (10, 100, ['collate', 'compute', 'fetch'])
+
+        ``stats.summary()`` prints a table and a verdict (input- or
+        compute-bound, the slowest stage, what to change).
+        """
+        return self._recorder().snapshot(since)
+
+    def on_stats(self, callback: Callable[[_stats.LoaderStats], Any], every_s: float = 10.0) -> Callable[[], None]:
+        """Call ``callback(loader.stats())`` every ``every_s`` seconds while
+        iterating, and at the end of each pass, from the loop's thread (its
+        ``interval``: since the previous call). For loggers: TensorBoard,
+        a JSON lines file (:class:`conveyor.stats.JsonLinesWriter`). Returns
+        a function that removes the callback."""
+        recorder = self._recorder()
+        listener = _stats.live.Periodic(callback, every_s, recorder.snapshot)
+        recorder.add_listener(listener)
+        return lambda: recorder.remove_listener(listener)
+
+    @contextlib.contextmanager
+    def trace(self, path: Any) -> Iterator[_stats.ChromeTrace]:
+        """Record every batch's spans (each worker's fetch, collate and
+        encode; decode, queue and pin; the loop's waits) while the block
+        runs, then write them to ``path`` as Chrome-trace JSON, viewable in
+        Perfetto (ui.perfetto.dev) or chrome://tracing."""
+        recorder = self._recorder()
+        tracer = recorder.tracer = _stats.ChromeTrace()
+        try:
+            yield tracer
+        finally:
+            recorder.tracer = None
+            tracer.write(path)
+
+    def _recorder(self) -> _stats.StatsRecorder:
+        if self._stats is None:
+            raise RuntimeError(
+                f"this {type(self).__name__} was built with collect_stats=False; build it with "
+                f"collect_stats=True (the default) for stats, callbacks and traces"
+            )
+        return self._stats
+
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, as a small versioned dict of plain values.
 
@@ -354,6 +421,7 @@ class DataLoader(Generic[T_co]):
                 worker_init_fn=self.worker_init_fn,
                 base_seed=base_seed,
                 stall_warning_s=float(self.stall_warning),
+                timed=self._stats is not None,
             )
         )
         executor.start()
@@ -362,7 +430,7 @@ class DataLoader(Generic[T_co]):
     def _executor_for(self, base_seed: int) -> tuple[Any, bool]:
         """The executor for a new iteration, and whether the iterator owns it."""
         if self.num_workers == 0:
-            return InProcessExecutor(self._fetch_spec()), True
+            return InProcessExecutor(self._fetch_spec(), timed=self._stats is not None), True
         if not self.persistent_workers:
             return self._new_process_executor(base_seed), True
         if self._executor is None or self._executor.broken:
@@ -373,12 +441,13 @@ class DataLoader(Generic[T_co]):
         return self._executor, False
 
     def __iter__(self) -> LoaderIterator:
+        started_at = perf_counter()
         start = self._tracker.begin(self._state_view())  # the base seed is drawn before the sampler draws, as torch
         indices = iter(self._index_sampler)
         executor, owned = self._executor_for(start.base_seed)
-        return LoaderIterator(self, executor, owned, start, indices, self._pass_settings())
+        return LoaderIterator(self, executor, owned, start, indices, self._pass_settings(started_at))
 
-    def _pass_settings(self) -> PassSettings:
+    def _pass_settings(self, started_at: float) -> PassSettings:
         index_sampler = self._index_sampler
         which = "batch_sampler" if self.batch_sampler is not None else "sampler"
         return PassSettings(
@@ -390,6 +459,8 @@ class DataLoader(Generic[T_co]):
             pin=self._warn_pin_memory(),
             expected_length=self._IterableDataset_len_called,
             dataset=self.dataset,
+            stats=self._stats,
+            started_at=started_at,
         )
 
     def _warn_pin_memory(self) -> bool:

@@ -15,18 +15,55 @@ that batch's ``Delivered.error`` and iteration goes on, as in torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional, Protocol
+from typing import Any, Iterator, NamedTuple, Optional, Protocol
 
-from .fetch import EndOfData, FetchSpec, fetch_in_main, make_fetcher
+from .fetch import CpuMeter, EndOfData, FetchSpec, StageClock, fetch_in_main, make_fetcher
 
 
 @dataclass(frozen=True)
 class PlannedBatch:
-    """One batch of the plan: its position in the epoch, its indices, its seed."""
+    """One batch of the plan: its position in the epoch, its indices, its
+    seed, and how long the sampler took to draw it."""
 
     batch_index: int
     indices: Any
     seed: Optional[int]
+    sampler_s: float = 0.0
+
+
+class Timings(NamedTuple):
+    """Where one batch's time went, in seconds (a named tuple: one is made
+    per batch, and a tuple is the cheapest record Python builds). Times
+    are ``time.perf_counter()`` readings, a clock every process of the
+    machine shares on Linux, so a worker's spans line up with the main
+    process's on one timeline."""
+
+    #: Samples in the batch.
+    samples: int
+    sampler_s: float
+    fetch_s: float
+    collate_s: float
+    #: In the worker: arrays into shared memory, the header pickled.
+    encode_s: float = 0.0
+    #: In the main process: the header unpickled, views made, tensors made.
+    decode_s: float = 0.0
+    #: Loaded and waiting in the main process for its turn and for the loop.
+    queue_s: float = 0.0
+    pin_s: float = 0.0
+    #: CPU time the loading thread used for fetch, collate and encode
+    #: (less than their sum: the rest was spent waiting, on I/O say).
+    cpu_s: float = 0.0
+    #: Which worker loaded it (None: the main process) and its pid.
+    worker_id: Optional[int] = None
+    worker_pid: Optional[int] = None
+    #: When fetch began and when the main process had the batch.
+    started_at: float = 0.0
+    arrived_at: float = 0.0
+    #: Shared-memory slots lent out (in flight or held by the user) on delivery.
+    slots_in_use: int = 0
+    #: Set on the first batch after the workers started: seconds from their
+    #: start to the last one being ready.
+    workers_ready_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -41,9 +78,8 @@ class Delivered:
     data: Any = None
     error: Optional[BaseException] = None
     copies: Optional[dict] = None
-    #: Seconds spent in each stage of this batch, by stage name (for stats;
-    #: None until stages are timed).
-    timings: Optional[Mapping[str, float]] = None
+    #: Where the batch's time went (None when stats are off or it failed).
+    timings: Optional[Timings] = None
 
 
 class Executor(Protocol):
@@ -69,9 +105,10 @@ class Executor(Protocol):
 class InProcessExecutor:
     """Loads each batch in the caller's thread (``num_workers=0``)."""
 
-    def __init__(self, spec: FetchSpec):
+    def __init__(self, spec: FetchSpec, timed: bool = True):
         self._fetcher = make_fetcher(spec)
         self._tasks: Iterator[PlannedBatch] = iter(())
+        self._timed = timed
 
     def begin_epoch(
         self,
@@ -97,13 +134,16 @@ class InProcessExecutor:
             task = next(self._tasks)
         except StopIteration:
             raise StopIteration(self._copies()) from None
+        # (Two CPU readings around the load: between batches this thread runs the training loop.)
+        clock, cpu = (StageClock(), CpuMeter()) if self._timed else (None, None)
         try:
-            data = fetch_in_main(self._fetcher, task.indices, task.seed)
+            data = fetch_in_main(self._fetcher, task.indices, task.seed, clock)
         except EndOfData:
             raise StopIteration(self._copies()) from None
         except Exception as error:
             return Delivered(task.batch_index, error=error, copies=self._copies())
-        return Delivered(task.batch_index, data, copies=self._copies())
+        timings = None if clock is None else _timings(task, clock, cpu.used())
+        return Delivered(task.batch_index, data, copies=self._copies(), timings=timings)
 
     def _copies(self) -> Optional[dict]:
         """An iterable dataset: where its one copy stands, as a one-worker progress."""
@@ -113,3 +153,15 @@ class InProcessExecutor:
 
     def shutdown(self) -> None:
         self._tasks = iter(())
+
+
+def _timings(task: PlannedBatch, clock: StageClock, cpu_s: float) -> Timings:
+    return Timings(
+        clock.samples,
+        task.sampler_s,
+        clock.fetch_s,
+        clock.collate_s,
+        cpu_s=cpu_s,
+        started_at=clock.started_at,
+        arrived_at=clock.started_at + clock.fetch_s + clock.collate_s,
+    )

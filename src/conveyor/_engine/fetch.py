@@ -7,6 +7,7 @@ which is what makes a batch the same whatever the number of workers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from time import perf_counter, thread_time
 from typing import Any, Callable, Iterator, Optional
 
 from .. import collate as _collate
@@ -19,6 +20,52 @@ Allocate = _collate.Allocator
 
 class EndOfData(Exception):
     """An iterable dataset ran out (inside the fetcher; never reaches users)."""
+
+
+class StageClock:
+    """Times one batch as it is loaded: fetch (from the clock's start,
+    seeding included), collate, and whatever comes next (:meth:`lap`)."""
+
+    __slots__ = ("started_at", "fetch_s", "collate_s", "samples", "_last")
+
+    def __init__(self) -> None:
+        self.started_at = self._last = perf_counter()
+        self.fetch_s = 0.0
+        self.collate_s = 0.0
+        self.samples = 0
+
+    def fetched(self, samples: int) -> None:
+        """The batch's ``samples`` samples are in hand."""
+        self.fetch_s = self.lap()
+        self.samples = samples
+
+    def collated(self) -> None:
+        self.collate_s = self.lap()
+
+    def lap(self) -> float:
+        """Seconds since the previous mark."""
+        now = perf_counter()
+        elapsed, self._last = now - self._last, now
+        return elapsed
+
+
+
+class CpuMeter:
+    """CPU seconds the loading thread used per batch: one reading per batch
+    (reading the clock is a system call, ~1 µs), so each batch is charged
+    what the thread used since the previous one: its own loading plus the
+    little work of taking the task and sending the result."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last = thread_time()
+
+    def used(self) -> float:
+        """CPU seconds since the previous call (or since the meter was made)."""
+        now = thread_time()
+        used, self._last = now - self._last, now
+        return used
 
 
 @dataclass(frozen=True)
@@ -76,16 +123,18 @@ class MapFetcher:
         """A map-style task carries its batch's seed: derive_seed(base_seed, batch index)."""
         return task_seed
 
-    def fetch(self, indices: Any, allocate: Optional[Allocate] = None) -> Any:
+    def fetch(self, indices: Any, allocate: Optional[Allocate] = None, clock: Optional[StageClock] = None) -> Any:
         spec = self.spec
         if not spec.auto_collation:
-            return spec.collate(spec.dataset[indices], allocate)
-        if allocate is not None and spec.collate_into is not None and not hasattr(spec.dataset, "__getitems__"):
+            samples, count = spec.dataset[indices], 1
+        elif allocate is not None and spec.collate_into is not None and not hasattr(spec.dataset, "__getitems__"):
             # Each sample's arrays go into the batch while still in cache (RowPlacer).
             samples = [allocate.place(spec.dataset[i], k) for k, i in enumerate(indices)]
+            count = len(samples)
         else:
             samples = fetch_many(spec.dataset, indices)
-        return spec.collate(samples, allocate)
+            count = len(samples)
+        return _collate_timed(spec, samples, count, allocate, clock)
 
 
 class IterableFetcher:
@@ -156,7 +205,7 @@ class IterableFetcher:
             "served": self.served,
         }
 
-    def fetch(self, indices: Any, allocate: Optional[Allocate] = None) -> Any:
+    def fetch(self, indices: Any, allocate: Optional[Allocate] = None, clock: Optional[StageClock] = None) -> Any:
         spec = self.spec
         if self._iterator is None and not self.ended:
             self.restart()
@@ -169,7 +218,7 @@ class IterableFetcher:
             except StopIteration:
                 self.ended = True
                 raise EndOfData from None
-            return spec.collate(item, allocate)
+            return _collate_timed(spec, item, 1, allocate, clock)
         samples = []
         for _ in range(spec.batch_size):
             try:
@@ -179,30 +228,42 @@ class IterableFetcher:
                 break
         if not samples or (spec.drop_last and len(samples) < spec.batch_size):
             raise EndOfData
+        return _collate_timed(spec, samples, len(samples), allocate, clock)
+
+
+def _collate_timed(spec: FetchSpec, samples: Any, count: int, allocate: Optional[Allocate], clock: Optional[StageClock]) -> Any:
+    if clock is None:
         return spec.collate(samples, allocate)
+    clock.fetched(count)
+    batch = spec.collate(samples, allocate)
+    clock.collated()
+    return batch
 
 
 def make_fetcher(spec: FetchSpec, worker_id: int = 0):
     return IterableFetcher(spec, worker_id) if spec.iterable else MapFetcher(spec, worker_id)
 
 
-def fetch_seeded(fetcher, indices: Any, seed: Optional[int], allocate: Optional[Allocate] = None) -> Any:
+def fetch_seeded(
+    fetcher, indices: Any, seed: Optional[int], allocate: Optional[Allocate] = None, clock: Optional[StageClock] = None
+) -> Any:
     """Seed ``random``, ``numpy.random`` and torch (when loaded) with the
-    batch's seed, then load the batch. ``seed=None`` leaves them alone."""
+    batch's seed, then load the batch (timed by ``clock`` when given).
+    ``seed=None`` leaves the generators alone."""
     seed = fetcher.seed_for(seed)
     if seed is not None:
         rng.seed_global_generators(seed)
-    return fetcher.fetch(indices, allocate)
+    return fetcher.fetch(indices, allocate, clock)
 
 
-def fetch_in_main(fetcher, indices: Any, seed: Optional[int]) -> Any:
+def fetch_in_main(fetcher, indices: Any, seed: Optional[int], clock: Optional[StageClock] = None) -> Any:
     """Like :func:`fetch_seeded`, but puts the caller's global generator
     states back afterwards: in the main process they belong to the training
     loop (dropout masks, its own shuffles), which must not see them move."""
     if seed is None:
-        return fetcher.fetch(indices)  # (an iterable fetcher still counts the batch)
+        return fetcher.fetch(indices, None, clock)  # (an iterable fetcher still counts the batch)
     saved = rng.global_generator_states()
     try:
-        return fetch_seeded(fetcher, indices, seed)
+        return fetch_seeded(fetcher, indices, seed, None, clock)
     finally:
         rng.restore_global_generators(saved)

@@ -257,6 +257,10 @@ class WorkerPool:
     def lend_slot(self) -> Optional[int]:
         return self.slots.lend() if self.slots is not None else None
 
+    def slots_in_use(self) -> int:
+        """Slots lent out: batches in flight, waiting, or held by the user."""
+        return self.slots.in_use if self.slots is not None else 0
+
     def give_back(self, slot: Optional[int]) -> None:
         """Return a slot that a message did not fill, or whose batch is dropped."""
         if self.slots is not None:

@@ -33,6 +33,7 @@ import pickle
 import time
 import warnings
 from dataclasses import dataclass
+from time import perf_counter
 from traceback import format_tb
 from typing import Any, Callable, Iterator, Optional
 
@@ -44,9 +45,9 @@ from .errors import (
     transport_error,
     worker_ended_error,
 )
-from .executor import Delivered, PlannedBatch
+from .executor import Delivered, PlannedBatch, Timings
 from .fetch import FetchSpec
-from .messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
+from .messages import Batch, Exhausted, Fatal, LoadTimes, Ready, Task, TaskFailed
 from ..collate import to_torch
 from .pickling import check_picklable
 from .pool import REAP_TIMEOUT_S, Event, Sent, WorkerHandle, WorkerPool
@@ -78,6 +79,8 @@ class ProcessConfig:
     base_seed: int
     #: Warn when nothing has arrived for this long while waiting (0: never).
     stall_warning_s: float = 300.0
+    #: Time each batch's stages (Delivered.timings).
+    timed: bool = True
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,16 @@ class _Finished:
     """A batch back from a worker, waiting for its turn."""
 
     index: int
-    worker_id: int
+    worker: WorkerHandle
     data: Any = None
     error: Optional[BaseException] = None
     worker_state: Any = None
+    #: For Delivered.timings: the worker's times (packed LoadTimes), the
+    #: sampler's, the decoding's, and when it arrived.
+    times: Optional[bytes] = None
+    sampler_s: float = 0.0
+    decode_s: float = 0.0
+    arrived_at: float = 0.0
 
 
 class ProcessExecutor:
@@ -120,6 +129,9 @@ class ProcessExecutor:
         self._progress: Optional[IterableProgress] = None
         self._restore: dict[int, Any] = {}
         self._cycle = itertools.count()
+        self._started_at = 0.0
+        #: Seconds the workers took to be ready, until a delivered batch carries it.
+        self._ready_s: Optional[float] = None
 
     # ----------------------------------------------------------------- start
     def start(self) -> None:
@@ -130,6 +142,7 @@ class ProcessExecutor:
                 {"dataset": cfg.spec.dataset, "collate_fn": cfg.spec.collate_fn, "worker_init_fn": cfg.worker_init_fn},
                 cfg.start_method,
             )
+        self._started_at = perf_counter()
         try:
             self._pool.start(
                 cfg.start_method, self._worker_config, cfg.num_workers, cfg.prefetch_factor * cfg.num_workers + SPARE_SLOTS
@@ -151,6 +164,7 @@ class ProcessExecutor:
             parent_pid=self._owner_pid if cfg.start_method != "forkserver" else None,
             close_fds=close_fds,
             fds=fds,
+            timed=cfg.timed,
         )
 
     @property
@@ -222,10 +236,34 @@ class ProcessExecutor:
 
     def _delivered(self, finished: _Finished) -> Delivered:
         progress = self._progress
-        if progress is None:
-            return Delivered(finished.index, finished.data, finished.error)
-        progress.delivered(finished.worker_id, finished.worker_state)
-        return Delivered(finished.index, finished.data, finished.error, progress.snapshot())
+        copies = None
+        if progress is not None:
+            progress.delivered(finished.worker.id, finished.worker_state)
+            copies = progress.snapshot()
+        return Delivered(finished.index, finished.data, finished.error, copies, self._timings(finished))
+
+    def _timings(self, finished: _Finished) -> Optional[Timings]:
+        if finished.times is None:
+            return None
+        times = LoadTimes.unpack(finished.times)
+        ready_s, self._ready_s = self._ready_s, None
+        return Timings(
+            times.samples,
+            finished.sampler_s,
+            times.fetch_s,
+            times.collate_s,
+            times.encode_s,
+            finished.decode_s,
+            perf_counter() - finished.arrived_at,
+            0.0,
+            times.cpu_s,
+            finished.worker.id,
+            finished.worker.process.pid,
+            times.started_at,
+            finished.arrived_at,
+            self._pool.slots_in_use(),
+            ready_s,
+        )
 
     # ------------------------------------------------------------- dispatch
     def _dispatch(self) -> None:
@@ -358,6 +396,8 @@ class ProcessExecutor:
     def _handle(self, worker: WorkerHandle, message: Any) -> None:
         if isinstance(message, Ready):
             self._starting.discard(message.worker_id)
+            if not self._starting:
+                self._ready_s = perf_counter() - self._started_at
             return
         if isinstance(message, Fatal):
             self._on_fatal(worker, message)
@@ -370,8 +410,13 @@ class ProcessExecutor:
         planned = self._pending.pop(message.batch_index)
         index = message.batch_index
         if isinstance(message, Batch):
+            arrived_at = perf_counter()
             data, error = self._decode(worker, sent, planned, message)
-            self._reorder.put(index, _Finished(index, worker.id, data, error, message.worker_state))
+            decoded = _Finished(
+                index, worker, data, error, message.worker_state,
+                message.times, planned.sampler_s, perf_counter() - arrived_at, arrived_at,
+            )  # fmt: skip
+            self._reorder.put(index, decoded)
             return
         self._pool.give_back(sent.slot)
         if isinstance(message, Exhausted):
@@ -387,7 +432,7 @@ class ProcessExecutor:
                     setattr(error, name, value)
                 except Exception:
                     pass
-            self._reorder.put(index, _Finished(index, worker.id, error=error))
+            self._reorder.put(index, _Finished(index, worker, error=error))
 
     def _decode(self, worker: WorkerHandle, sent: Sent, planned: PlannedBatch, message: Batch) -> tuple[Any, Any]:
         """(the batch as the user gets it: views on the slot, tensors if

@@ -345,6 +345,11 @@ class SlotPool:
         finalizers that give slots back (from any thread) need no lock."""
         return self._free.pop() if self._free else None
 
+    @property
+    def in_use(self) -> int:
+        """Slots lent and not given back yet."""
+        return len(self.fds) - len(self._free)
+
     def give_back(self, slot: Optional[int]) -> None:
         """Mark a slot free (its batch was dropped, or never used it)."""
         if slot is not None and not self.closed:

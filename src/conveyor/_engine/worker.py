@@ -40,9 +40,9 @@ from .. import rng
 from . import info as _info
 from . import stacks
 from .errors import capture_failure
-from .fetch import EndOfData, FetchSpec, fetch_seeded, make_fetcher
+from .fetch import CpuMeter, EndOfData, FetchSpec, StageClock, fetch_seeded, make_fetcher
 from .info import WorkerInfo
-from .messages import Batch, Exhausted, Fatal, Ready, Stop, Task, TaskFailed
+from .messages import Batch, Exhausted, Fatal, LoadTimes, Ready, Stop, Task, TaskFailed
 from ..collate import allocate_batch
 from .rows import RowPlacer, SlotAllocator
 from .shm import SlotWriter, StopFlag, encode
@@ -97,6 +97,8 @@ class WorkerConfig:
     #: Descriptors of the main process a forked worker closes (its pipe ends).
     close_fds: tuple = ()
     fds: WorkerFds = WorkerFds()
+    #: Time each batch's stages (for the loader's stats).
+    timed: bool = True
 
 
 def _set_worker_info(config: WorkerConfig) -> None:
@@ -253,6 +255,7 @@ class _Serving:
         self.where = f"in DataLoader worker process {config.worker_id}"
         self._epoch_id: Optional[int] = None
         self._noted = False
+        self._cpu = CpuMeter()
 
     def serve(self, task: Task, writer: Optional[SlotWriter]) -> bytes:
         """The task's result, pickled: a Batch (arrays in the slot when there
@@ -286,12 +289,18 @@ class _Serving:
                     fetcher.restart(task.restore)  # calls the dataset's __iter__, load_state_dict
             if writer is not None:
                 writer.begin()
-            data = fetch_seeded(fetcher, task.indices, task.seed, _allocator(config.fetch, task, writer))
-            if writer is None:
-                message = Batch(task.epoch_id, task.batch_index, wid, data)
-            else:
-                encoded, used = encode(data, writer)
-                message = Batch(task.epoch_id, task.batch_index, wid, encoded, used, writer.size)
+            clock = StageClock() if config.timed else None
+            data = fetch_seeded(fetcher, task.indices, task.seed, _allocator(config.fetch, task, writer), clock)
+            used = size = 0
+            if writer is not None:
+                data, used = encode(data, writer)
+                size = writer.size
+            times = None
+            if clock is not None:
+                encode_s = clock.lap()
+                cpu_s = self._cpu.used()
+                times = LoadTimes(clock.samples, clock.started_at, clock.fetch_s, clock.collate_s, encode_s, cpu_s).pack()
+            message = Batch(task.epoch_id, task.batch_index, wid, data, used, size, times=times)
         except EndOfData:
             message = Exhausted(task.epoch_id, task.batch_index, wid)
         except (SystemExit, KeyboardInterrupt):

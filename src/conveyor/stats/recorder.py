@@ -1,0 +1,265 @@
+"""The loader's stats recorder: one call per batch, totals and recent values per stage.
+
+    LoaderIterator.__next__ ──batch(Delivered, called_at, returned_at)──▶ StatsRecorder
+                                                                        ├─▶ listeners when due (bar, callbacks)
+                                                                        ├─▶ tracer (while tracing)
+                            loader.stats() ──snapshot()──────────────▶ LoaderStats (report.py)
+
+The per-batch path appends one float per stage to an ``array('d')`` and adds
+to a few counters, under a lock (``loader.stats()`` may be called from
+another thread, a logger's say). Totals are exact for the whole life of the
+loader; percentiles are over the most recent ``WINDOW`` to ``2 × WINDOW``
+batches (older values are folded into the totals), so memory stays bounded
+on runs of any length.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from time import perf_counter
+from typing import Any, Callable, Optional, Protocol
+
+import numpy as np
+
+from .report import STAGES, LoaderStats, Mark, StageStats
+
+#: Percentiles are computed over at least this many of the latest batches.
+WINDOW = 1 << 16
+
+
+class Listener(Protocol):
+    """Something told about a pass as it goes (the bar, a callback)."""
+
+    def begin_pass(self, recorder: "StatsRecorder", total: Optional[int]) -> None: ...
+
+    def due_at(self) -> float:
+        """When it next wants :meth:`tick` (a perf_counter reading)."""
+
+    def tick(self, recorder: "StatsRecorder", now: float) -> None: ...
+
+    def end_pass(self, recorder: "StatsRecorder") -> None: ...
+
+
+class StatsRecorder:
+    """Records every batch a loader delivers; makes :class:`LoaderStats`."""
+
+    def __init__(self, num_workers: int):
+        self.num_workers = num_workers
+        # Re-entrant: a finalizer run by the garbage collector in the middle
+        # of a recording (an old iterator collected) may call abandon_pass.
+        self._lock = threading.RLock()
+        #: The pass being recorded; batches of an older iterator still running are not.
+        self._pass_id = 0
+        #: One column per stage, in STAGES order: the latest batches' seconds.
+        self._columns = tuple(array("d") for _ in STAGES)
+        #: Totals of the values folded out of the columns, per stage.
+        self._folded = [0.0] * len(STAGES)
+        self._rows_folded = 0
+        self.batches = 0
+        self.samples = 0
+        self.errors = 0
+        self.passes = 0
+        #: Seconds the loaders (workers, or the main process) spent loading, and their CPU seconds.
+        self._busy_s = 0.0
+        self._cpu_s = 0.0
+        #: Waits of the loop that belong to no batch (starting workers in iter(), the last next()).
+        self._extra_wait_s = 0.0
+        self._wall_closed_s = 0.0
+        self._pass_started: Optional[float] = None
+        self._last_event = 0.0
+        self._last_return = 0.0
+        self._first_batch_pending = False
+        self.first_batch_s: Optional[float] = None
+        self.worker_start_s: Optional[float] = None
+        self.slots_in_use = 0
+        self._listeners: list[Listener] = []
+        self._due = float("inf")
+        self.tracer: Optional[Any] = None
+
+    def __reduce__(self):
+        """A pickled loader starts its stats afresh; the progress bar comes
+        along (``carried`` listeners), callbacks and traces do not."""
+        carried = [listener for listener in self._listeners if getattr(listener, "carried", False)]
+        return (_fresh_recorder, (self.num_workers, carried))
+
+    # ----------------------------------------------------------- listeners
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+        self._due = min(self._due, listener.due_at())
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop telling ``listener``; nothing if it was removed already."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+        self._due = min((each.due_at() for each in self._listeners), default=float("inf"))
+
+    # ----------------------------------------------------------- recording
+    def begin_pass(self, started_at: float, total: Optional[int], num_workers: int) -> int:
+        """A pass began at ``started_at`` (when iter() was called); its
+        iterator is ready now. The time in between (starting workers, say)
+        is time the loop waited for data. Returns the pass's id, which the
+        other calls take."""
+        now = perf_counter()
+        with self._lock:
+            self._close_pass()
+            self.num_workers = num_workers
+            self.passes += 1
+            self._pass_id += 1
+            pass_id = self._pass_id
+            self._pass_started = started_at
+            self._extra_wait_s += now - started_at
+            self._last_event = self._last_return = now
+            self._first_batch_pending = True
+        for listener in self._listeners:
+            listener.begin_pass(self, total)
+        return pass_id
+
+    def batch(self, pass_id: int, delivered: Any, called_at: float, returned_at: float) -> None:
+        """``next()`` was called at ``called_at`` and returned ``delivered``
+        (an executor's Delivered) at ``returned_at``."""
+        timings = delivered.timings
+        with self._lock:
+            if pass_id != self._pass_id:
+                return
+            wait_s = returned_at - called_at
+            compute_s = called_at - self._last_return
+            self._last_return = self._last_event = returned_at
+            self.batches += 1
+            if self._first_batch_pending:
+                self._first_batch_pending = False
+                self.first_batch_s = returned_at - self._pass_started
+            if timings is None:  # a batch that raised
+                self.errors += 1
+                self._extra_wait_s += wait_s
+                self._folded[_COMPUTE] += compute_s
+            else:
+                self.samples += timings.samples
+                loading_s = timings.fetch_s + timings.collate_s + timings.encode_s
+                self._busy_s += loading_s
+                self._cpu_s += timings.cpu_s
+                self.slots_in_use = timings.slots_in_use
+                if timings.workers_ready_s is not None:
+                    self.worker_start_s = timings.workers_ready_s
+                columns = self._columns
+                columns[0].append(timings.sampler_s)
+                columns[1].append(timings.fetch_s)
+                columns[2].append(timings.collate_s)
+                columns[3].append(timings.encode_s + timings.decode_s)
+                columns[4].append(timings.queue_s)
+                columns[5].append(timings.pin_s)
+                columns[6].append(wait_s)
+                columns[7].append(compute_s)
+                if len(columns[0]) >= 2 * WINDOW:
+                    self._fold()
+            if self.tracer is not None:
+                self.tracer.batch(delivered, called_at, returned_at)
+        if returned_at >= self._due:
+            self._tick(returned_at)
+
+    def end_pass(self, pass_id: int, called_at: float, ended_at: float) -> None:
+        """The pass ended: the last ``next()``, called at ``called_at``, found no more batches."""
+        with self._lock:
+            if pass_id != self._pass_id or self._pass_started is None:
+                return
+            self._extra_wait_s += ended_at - called_at
+            self._folded[_COMPUTE] += called_at - self._last_return
+            self._last_event = ended_at
+            self._close_pass()
+        for listener in self._listeners:
+            listener.end_pass(self)
+
+    def abandon_pass(self, pass_id: int) -> None:
+        """The pass was left before its end (break, an error, the iterator
+        collected); nothing when it ended already or another began."""
+        with self._lock:
+            was_open = pass_id == self._pass_id and self._pass_started is not None
+            if was_open:
+                self._close_pass()
+        if was_open:
+            for listener in self._listeners:
+                listener.end_pass(self)
+
+    def _close_pass(self) -> None:
+        if self._pass_started is not None:
+            self._wall_closed_s += self._last_event - self._pass_started
+            self._pass_started = None
+
+    def _fold(self) -> None:
+        for k, column in enumerate(self._columns):
+            self._folded[k] += float(np.sum(np.asarray(column[:WINDOW])))
+            del column[:WINDOW]
+        self._rows_folded += WINDOW
+
+    def _tick(self, now: float) -> None:
+        for listener in list(self._listeners):
+            if now >= listener.due_at():
+                listener.tick(self, now)
+        self._due = min((each.due_at() for each in self._listeners), default=float("inf"))
+
+    # ----------------------------------------------------------- reading
+    def mark(self) -> Mark:
+        """The running totals now, without percentiles: cheap enough for a bar."""
+        with self._lock:
+            return self._mark_locked([float(np.sum(np.asarray(c))) for c in self._columns])
+
+    def _mark_locked(self, column_sums: list[float]) -> Mark:
+        wall_s = self._wall_closed_s
+        if self._pass_started is not None:
+            wall_s += self._last_event - self._pass_started
+        stage_totals = [folded + column for folded, column in zip(self._folded, column_sums)]
+        stage_totals[_WAIT] += self._extra_wait_s
+        return Mark(
+            rows=self._rows_folded + len(self._columns[0]),
+            batches=self.batches,
+            samples=self.samples,
+            errors=self.errors,
+            wall_s=wall_s,
+            busy_s=self._busy_s,
+            cpu_s=self._cpu_s,
+            stage_totals=tuple(stage_totals),
+        )
+
+    def snapshot(self, since: Optional[LoaderStats] = None) -> LoaderStats:
+        """The stats now; ``interval`` holds those since ``since`` (an
+        earlier snapshot of this loader), when given."""
+        with self._lock:
+            columns = [np.asarray(c, dtype=np.float64).copy() for c in self._columns]
+            mark = self._mark_locked([float(c.sum()) for c in columns])
+            rows_folded = self._rows_folded
+            extras = dict(
+                num_workers=self.num_workers,
+                passes=self.passes,
+                first_batch_s=self.first_batch_s,
+                worker_start_s=self.worker_start_s,
+                slots_in_use=self.slots_in_use,
+            )
+        stats = _stats_from(mark, columns, extras, self.num_workers)
+        if since is None or since._mark is None:
+            return stats
+        start = max(0, since._mark.rows - rows_folded)
+        interval = _stats_from(mark.minus(since._mark), [c[start:] for c in columns], extras, self.num_workers)
+        return stats.with_interval(interval)
+
+
+def _fresh_recorder(num_workers: int, listeners: list) -> StatsRecorder:
+    recorder = StatsRecorder(num_workers)
+    for listener in listeners:
+        recorder.add_listener(listener)
+    return recorder
+
+
+def _stats_from(mark: Mark, columns: list[np.ndarray], extras: dict, num_workers: int) -> LoaderStats:
+    stages = {}
+    for k, name in enumerate(STAGES):
+        values = columns[k]
+        if values.size:
+            p50, p90, p99 = (float(v) for v in np.percentile(values, (50, 90, 99)))
+        else:
+            p50 = p90 = p99 = 0.0
+        stages[name] = StageStats(total_s=mark.stage_totals[k], p50_s=p50, p90_s=p90, p99_s=p99)
+    return LoaderStats.from_mark(mark, stages, **extras)
+
+
+_WAIT = STAGES.index("wait")
+_COMPUTE = STAGES.index("compute")
