@@ -45,3 +45,19 @@ class SlowAt1:
         if i == 1:
             time.sleep(self.seconds)
         return i
+
+
+class Sleepy:
+    """Map-style: sample ``i`` is ``i``, after sleeping ``seconds`` (a read
+    that waits, as on network storage: it takes time but no CPU, so two
+    cores do not blur it)."""
+
+    def __init__(self, n: int, seconds: float):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(self.seconds)
+        return i

@@ -6,8 +6,8 @@
                             loader.stats() ──snapshot()──────────────▶ LoaderStats (report.py)
 
 The per-batch path appends one float per stage to an ``array('d')`` and adds
-to a few counters, under a lock (``loader.stats()`` may be called from
-another thread, a logger's say). Totals are exact for the whole life of the
+to a few counters, without a lock (see :meth:`StatsRecorder.batch`;
+``loader.stats()`` may be called from another thread, a logger's say). Totals are exact for the whole life of the
 loader; percentiles are over the most recent ``WINDOW`` to ``2 × WINDOW``
 batches (older values are folded into the totals), so memory stays bounded
 on runs of any length.
@@ -63,14 +63,17 @@ class StatsRecorder:
         #: Seconds the loaders (workers, or the main process) spent loading, and their CPU seconds.
         self._busy_s = 0.0
         self._cpu_s = 0.0
-        #: Waits of the loop that belong to no batch (starting workers in iter(), the last next()).
+        #: Waits of the loop that belong to no batch (starting workers in iter(),
+        #: the last next(), batches that raised), and such compute time.
         self._extra_wait_s = 0.0
+        self._extra_compute_s = 0.0
         self._wall_closed_s = 0.0
         self._pass_started: Optional[float] = None
+        #: When the latest next() returned (or the pass began).
         self._last_event = 0.0
-        self._last_return = 0.0
         self._first_batch_pending = False
         self.first_batch_s: Optional[float] = None
+        self._startup_s = 0.0
         self.worker_start_s: Optional[float] = None
         self.slots_in_use = 0
         self._listeners: list[Listener] = []
@@ -109,7 +112,7 @@ class StatsRecorder:
             pass_id = self._pass_id
             self._pass_started = started_at
             self._extra_wait_s += now - started_at
-            self._last_event = self._last_return = now
+            self._last_event = now
             self._first_batch_pending = True
         for listener in self._listeners:
             listener.begin_pass(self, total)
@@ -117,43 +120,48 @@ class StatsRecorder:
 
     def batch(self, pass_id: int, delivered: Any, called_at: float, returned_at: float) -> None:
         """``next()`` was called at ``called_at`` and returned ``delivered``
-        (an executor's Delivered) at ``returned_at``."""
+        (an executor's Delivered) at ``returned_at``.
+
+        The hot path takes no lock: each append is one call under the GIL,
+        and readers copy the columns whole (a slice), so they see a batch
+        either entirely or not at all in each column. Only folding, which
+        moves values between columns and totals, is done under the lock."""
+        if pass_id != self._pass_id:
+            return
         timings = delivered.timings
-        with self._lock:
-            if pass_id != self._pass_id:
-                return
-            wait_s = returned_at - called_at
-            compute_s = called_at - self._last_return
-            self._last_return = self._last_event = returned_at
-            self.batches += 1
-            if self._first_batch_pending:
-                self._first_batch_pending = False
-                self.first_batch_s = returned_at - self._pass_started
-            if timings is None:  # a batch that raised
-                self.errors += 1
-                self._extra_wait_s += wait_s
-                self._folded[_COMPUTE] += compute_s
-            else:
-                self.samples += timings.samples
-                loading_s = timings.fetch_s + timings.collate_s + timings.encode_s
-                self._busy_s += loading_s
-                self._cpu_s += timings.cpu_s
-                self.slots_in_use = timings.slots_in_use
-                if timings.workers_ready_s is not None:
-                    self.worker_start_s = timings.workers_ready_s
-                columns = self._columns
-                columns[0].append(timings.sampler_s)
-                columns[1].append(timings.fetch_s)
-                columns[2].append(timings.collate_s)
-                columns[3].append(timings.encode_s + timings.decode_s)
-                columns[4].append(timings.queue_s)
-                columns[5].append(timings.pin_s)
-                columns[6].append(wait_s)
-                columns[7].append(compute_s)
-                if len(columns[0]) >= 2 * WINDOW:
+        wait_s = returned_at - called_at
+        compute_s = called_at - self._last_event
+        self._last_event = returned_at
+        self.batches += 1
+        if self._first_batch_pending:
+            self._first_batch_pending = False
+            self.first_batch_s = returned_at - self._pass_started
+            self._startup_s += self.first_batch_s
+        if timings is None:  # a batch that raised
+            self.errors += 1
+            self._extra_wait_s += wait_s
+            self._extra_compute_s += compute_s
+        else:
+            self.samples += timings.samples
+            self._busy_s += timings.fetch_s + timings.collate_s + timings.encode_s
+            self._cpu_s += timings.cpu_s
+            self.slots_in_use = timings.slots_in_use
+            if timings.workers_ready_s is not None:
+                self.worker_start_s = timings.workers_ready_s
+            sampler, fetch, collate, transport, queue, pin, wait, compute = self._columns
+            sampler.append(timings.sampler_s)
+            fetch.append(timings.fetch_s)
+            collate.append(timings.collate_s)
+            transport.append(timings.encode_s + timings.decode_s)
+            queue.append(timings.queue_s)
+            pin.append(timings.pin_s)
+            wait.append(wait_s)
+            compute.append(compute_s)
+            if len(sampler) >= 2 * WINDOW:
+                with self._lock:
                     self._fold()
-            if self.tracer is not None:
-                self.tracer.batch(delivered, called_at, returned_at)
+        if self.tracer is not None:
+            self.tracer.batch(delivered, called_at, returned_at)
         if returned_at >= self._due:
             self._tick(returned_at)
 
@@ -163,7 +171,7 @@ class StatsRecorder:
             if pass_id != self._pass_id or self._pass_started is None:
                 return
             self._extra_wait_s += ended_at - called_at
-            self._folded[_COMPUTE] += called_at - self._last_return
+            self._extra_compute_s += called_at - self._last_event
             self._last_event = ended_at
             self._close_pass()
         for listener in self._listeners:
@@ -187,7 +195,7 @@ class StatsRecorder:
 
     def _fold(self) -> None:
         for k, column in enumerate(self._columns):
-            self._folded[k] += float(np.sum(np.asarray(column[:WINDOW])))
+            self._folded[k] += float(np.frombuffer(column[:WINDOW], dtype=np.float64).sum())
             del column[:WINDOW]
         self._rows_folded += WINDOW
 
@@ -201,7 +209,7 @@ class StatsRecorder:
     def mark(self) -> Mark:
         """The running totals now, without percentiles: cheap enough for a bar."""
         with self._lock:
-            return self._mark_locked([float(np.sum(np.asarray(c))) for c in self._columns])
+            return self._mark_locked([float(np.frombuffer(c[:], dtype=np.float64).sum()) for c in self._columns])
 
     def _mark_locked(self, column_sums: list[float]) -> Mark:
         wall_s = self._wall_closed_s
@@ -209,6 +217,7 @@ class StatsRecorder:
             wall_s += self._last_event - self._pass_started
         stage_totals = [folded + column for folded, column in zip(self._folded, column_sums)]
         stage_totals[_WAIT] += self._extra_wait_s
+        stage_totals[_COMPUTE] += self._extra_compute_s
         return Mark(
             rows=self._rows_folded + len(self._columns[0]),
             batches=self.batches,
@@ -217,6 +226,7 @@ class StatsRecorder:
             wall_s=wall_s,
             busy_s=self._busy_s,
             cpu_s=self._cpu_s,
+            startup_s=self._startup_s,
             stage_totals=tuple(stage_totals),
         )
 
@@ -224,7 +234,7 @@ class StatsRecorder:
         """The stats now; ``interval`` holds those since ``since`` (an
         earlier snapshot of this loader), when given."""
         with self._lock:
-            columns = [np.asarray(c, dtype=np.float64).copy() for c in self._columns]
+            columns = [np.frombuffer(c[:], dtype=np.float64) for c in self._columns]
             mark = self._mark_locked([float(c.sum()) for c in columns])
             rows_folded = self._rows_folded
             extras = dict(

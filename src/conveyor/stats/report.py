@@ -55,6 +55,7 @@ class Mark(NamedTuple):
     wall_s: float
     busy_s: float
     cpu_s: float
+    startup_s: float
     stage_totals: tuple
 
     def minus(self, earlier: "Mark") -> "Mark":
@@ -66,6 +67,7 @@ class Mark(NamedTuple):
             self.wall_s - earlier.wall_s,
             self.busy_s - earlier.busy_s,
             self.cpu_s - earlier.cpu_s,
+            self.startup_s - earlier.startup_s,
             tuple(a - b for a, b in zip(self.stage_totals, earlier.stage_totals)),
         )
 
@@ -102,6 +104,10 @@ class LoaderStats:
     worker_start_s: Optional[float]
     #: Share of wall time the loop spent blocked in ``next()``.
     data_wait_fraction: float
+    #: Seconds from ``iter()`` to the first batch, summed over passes (all of it waiting).
+    startup_s: float
+    #: ``data_wait_fraction`` once running: start-up (``startup_s``) left out of both sides.
+    steady_wait_fraction: float
     #: Share of the workers' time spent loading (fetch, collate, encode);
     #: with ``num_workers=0``, the share of wall time the main process spent loading.
     workers_busy_fraction: Optional[float]
@@ -128,6 +134,8 @@ class LoaderStats:
             samples_per_s=mark.samples / wall if wall > 0 else 0.0,
             batches_per_s=mark.batches / wall if wall > 0 else 0.0,
             data_wait_fraction=min(1.0, _ratio(stages["wait"].total_s, wall) or 0.0),
+            startup_s=mark.startup_s,
+            steady_wait_fraction=min(1.0, max(0.0, _ratio(stages["wait"].total_s - mark.startup_s, wall - mark.startup_s) or 0.0)),
             workers_busy_fraction=_ratio(mark.busy_s, loaders * wall),
             loading_cpu_fraction=_ratio(mark.cpu_s, mark.busy_s),
             num_workers=num_workers,
@@ -157,6 +165,8 @@ class LoaderStats:
             "first_batch_s": self.first_batch_s,
             "worker_start_s": self.worker_start_s,
             "data_wait_fraction": self.data_wait_fraction,
+            "startup_s": self.startup_s,
+            "steady_wait_fraction": self.steady_wait_fraction,
             "workers_busy_fraction": self.workers_busy_fraction,
             "loading_cpu_fraction": self.loading_cpu_fraction,
             "num_workers": self.num_workers,

@@ -6,9 +6,10 @@ stage, and the change most likely to help, with the number that shows why.
 The rules, in order (each names its evidence):
 
 1. No batches yet: nothing to say.
-2. The loop waited for data less than ``INPUT_BOUND_WAIT`` of wall time:
-   compute-bound; a faster loader would not speed the run up (and idle
-   workers could be fewer).
+2. Once running (start-up, the wait for each pass's first batch, left
+   out), the loop waited for data less than ``INPUT_BOUND_WAIT`` of the
+   time: compute-bound; a faster loader would not speed the run up (and
+   idle workers could be fewer).
 3. Otherwise input-bound, and the advice follows the evidence:
    no workers → use workers; a main-process stage is the slowest (sampler,
    transport, pin) → fix that stage; loading mostly waits (low CPU share) →
@@ -36,6 +37,8 @@ SATURATED_BUSY = 0.80
 WAITING_CPU = 0.50
 #: Workers busy less than this share of the time in a compute-bound run are more than needed.
 IDLE_BUSY = 0.30
+#: Start-up taking at least this share of wall time is worth a remark of its own.
+STARTUP_SHARE = 0.20
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class Verdict:
 
     #: "input", "compute", or "unknown" (no batches yet).
     bound: str
+    #: The share of time the loop waited for data once running (``LoaderStats.steady_wait_fraction``).
     data_wait_fraction: float
     #: The loading stage with the most time, and its share of the loading time.
     slowest_stage: Optional[str]
@@ -53,7 +57,7 @@ class Verdict:
     def __str__(self) -> str:
         if self.bound == "unknown":
             return f"verdict: {self.advice}"
-        head = f"verdict: {self.bound}-bound: the loop waited for data {self.data_wait_fraction:.0%} of wall time"
+        head = f"verdict: {self.bound}-bound: the loop waited for data {self.data_wait_fraction:.0%} of the time once running"
         if self.slowest_stage is not None:
             head += f"; slowest stage: {self.slowest_stage} ({self.slowest_share:.0%} of loading time)"
         return f"{head}\nadvice: {self.advice}"
@@ -73,7 +77,7 @@ def _ms(seconds: float) -> str:
 def judge(stats: "LoaderStats", cores: Optional[int] = None) -> Verdict:
     """The verdict on ``stats`` for a machine with ``cores`` usable cores (default: this one's)."""
     cores = cores or _cores()
-    wait = stats.data_wait_fraction
+    wait = stats.steady_wait_fraction
     if stats.batches == 0 or stats.wall_s <= 0:
         return Verdict("unknown", wait, None, 0.0, "no batches yet; iterate first")
     slowest = max(LOADING_STAGES, key=lambda name: stats.stages[name].total_s)
@@ -84,6 +88,15 @@ def judge(stats: "LoaderStats", cores: Optional[int] = None) -> Verdict:
         bound, advice = "compute", _compute_bound_advice(stats, wait)
     else:
         bound, advice = "input", _input_bound_advice(stats, slowest, share, cores)
+    startup = stats.startup_s / stats.wall_s
+    if startup >= STARTUP_SHARE:
+        advice += f". Start-up (iter() to each pass's first batch) took {startup:.0%} of wall time"
+        if stats.worker_start_s is not None:
+            advice += f" (the workers were ready after {stats.worker_start_s:.2f} s)"
+        if stats.passes > 1 and stats.num_workers > 0:
+            advice += ": keep the workers between passes (persistent_workers=True)"
+        elif stats.passes == 1:
+            advice += "; a longer run spreads it out"
     return Verdict(bound, wait, slowest, share, advice)
 
 
@@ -149,7 +162,7 @@ def _input_bound_advice(stats: "LoaderStats", slowest: Optional[str], share: flo
             advice += f"; a few batches are much slower (p99 {_ms(stage.p99_s)} against p50 {p50}): look for slow samples"
         return advice
     return (
-        f"the workers are busy only {busy:.0%} of the time while the loop waits {stats.data_wait_fraction:.0%}: keep "
+        f"the workers are busy only {busy:.0%} of the time while the loop waits {stats.steady_wait_fraction:.0%}: keep "
         f"more batches in flight (raise prefetch_factor), and check that the main process is not the bottleneck "
         f"(its stages: sampler, transport, queue, pin)"
     )
