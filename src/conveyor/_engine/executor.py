@@ -17,7 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple, Optional, Protocol
 
-from .fetch import CpuMeter, EndOfData, FetchSpec, StageClock, fetch_in_main, make_fetcher
+import threading
+
+from .cpu import ThreadClock
+from .fetch import EndOfData, FetchSpec, StageClock, fetch_in_main, make_fetcher
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,11 @@ class Timings(NamedTuple):
     #: Loaded and waiting in the main process for its turn and for the loop.
     queue_s: float = 0.0
     pin_s: float = 0.0
-    #: CPU time the loading thread used for fetch, collate and encode
-    #: (less than their sum: the rest was spent waiting, on I/O say).
+    #: CPU time the loading thread used for fetch, collate and encode, and
+    #: the time it was ready to run but waited for a core; the rest of
+    #: their sum it waited on something else (storage, network, a lock).
     cpu_s: float = 0.0
+    cpu_wait_s: float = 0.0
     #: Which worker loaded it (None: the main process) and its pid.
     worker_id: Optional[int] = None
     worker_pid: Optional[int] = None
@@ -109,6 +114,7 @@ class InProcessExecutor:
         self._fetcher = make_fetcher(spec)
         self._tasks: Iterator[PlannedBatch] = iter(())
         self._timed = timed
+        self._cpu: Optional[ThreadClock] = None
 
     def begin_epoch(
         self,
@@ -134,16 +140,29 @@ class InProcessExecutor:
             task = next(self._tasks)
         except StopIteration:
             raise StopIteration(self._copies()) from None
-        # (Two CPU readings around the load: between batches this thread runs the training loop.)
-        clock, cpu = (StageClock(), CpuMeter()) if self._timed else (None, None)
+        clock = self._start_clock() if self._timed else None
         try:
             data = fetch_in_main(self._fetcher, task.indices, task.seed, clock)
         except EndOfData:
             raise StopIteration(self._copies()) from None
         except Exception as error:
             return Delivered(task.batch_index, error=error, copies=self._copies())
-        timings = None if clock is None else _timings(task, clock, cpu.used())
+        timings = None if clock is None else _timings(task, clock, *self._cpu.used())
         return Delivered(task.batch_index, data, copies=self._copies(), timings=timings)
+
+    def _start_clock(self) -> StageClock:
+        """A clock for the batch; the CPU figures from now on (read around
+        each load: between batches this thread runs the training loop)."""
+        if self._cpu is None or self._cpu.thread != threading.get_ident():
+            self.close_clock()
+            self._cpu = ThreadClock()
+        self._cpu.used()
+        return StageClock()
+
+    def close_clock(self) -> None:
+        if self._cpu is not None:
+            self._cpu.close()
+            self._cpu = None
 
     def _copies(self) -> Optional[dict]:
         """An iterable dataset: where its one copy stands, as a one-worker progress."""
@@ -153,15 +172,17 @@ class InProcessExecutor:
 
     def shutdown(self) -> None:
         self._tasks = iter(())
+        self.close_clock()
 
 
-def _timings(task: PlannedBatch, clock: StageClock, cpu_s: float) -> Timings:
+def _timings(task: PlannedBatch, clock: StageClock, cpu_s: float, cpu_wait_s: float) -> Timings:
     return Timings(
         clock.samples,
         task.sampler_s,
         clock.fetch_s,
         clock.collate_s,
         cpu_s=cpu_s,
+        cpu_wait_s=cpu_wait_s,
         started_at=clock.started_at,
         arrived_at=clock.started_at + clock.fetch_s + clock.collate_s,
     )

@@ -7,7 +7,7 @@ which is what makes a batch the same whatever the number of workers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from time import perf_counter, thread_time
+from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
 from .. import collate as _collate
@@ -26,10 +26,11 @@ class StageClock:
     """Times one batch as it is loaded: fetch (from the clock's start,
     seeding included), collate, and whatever comes next (:meth:`lap`)."""
 
-    __slots__ = ("started_at", "fetch_s", "collate_s", "samples", "_last")
+    __slots__ = ("started_at", "fetch_s", "collate_s", "samples", "last")
 
     def __init__(self) -> None:
-        self.started_at = self._last = perf_counter()
+        #: When the clock started, and its latest reading (perf_counter).
+        self.started_at = self.last = perf_counter()
         self.fetch_s = 0.0
         self.collate_s = 0.0
         self.samples = 0
@@ -45,27 +46,9 @@ class StageClock:
     def lap(self) -> float:
         """Seconds since the previous mark."""
         now = perf_counter()
-        elapsed, self._last = now - self._last, now
+        elapsed, self.last = now - self.last, now
         return elapsed
 
-
-
-class CpuMeter:
-    """CPU seconds the loading thread used per batch: one reading per batch
-    (reading the clock is a system call, ~1 µs), so each batch is charged
-    what the thread used since the previous one: its own loading plus the
-    little work of taking the task and sending the result."""
-
-    __slots__ = ("_last",)
-
-    def __init__(self) -> None:
-        self._last = thread_time()
-
-    def used(self) -> float:
-        """CPU seconds since the previous call (or since the meter was made)."""
-        now = thread_time()
-        used, self._last = now - self._last, now
-        return used
 
 
 @dataclass(frozen=True)

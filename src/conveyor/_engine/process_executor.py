@@ -257,6 +257,7 @@ class ProcessExecutor:
             perf_counter() - finished.arrived_at,
             0.0,
             times.cpu_s,
+            times.cpu_wait_s,
             finished.worker.id,
             finished.worker.process.pid,
             times.started_at,

@@ -40,7 +40,8 @@ from .. import rng
 from . import info as _info
 from . import stacks
 from .errors import capture_failure
-from .fetch import CpuMeter, EndOfData, FetchSpec, StageClock, fetch_seeded, make_fetcher
+from .cpu import ThreadClock
+from .fetch import EndOfData, FetchSpec, StageClock, fetch_seeded, make_fetcher
 from .info import WorkerInfo
 from .messages import Batch, Exhausted, Fatal, LoadTimes, Ready, Stop, Task, TaskFailed
 from ..collate import allocate_batch
@@ -59,6 +60,9 @@ _MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
 #: How often a worker checks that its parent is alive. Short enough that
 #: workers of a killed main process are gone well within a second.
 _PARENT_POLL_S = 0.1
+#: How often a worker reads its CPU and run-queue times (each reading is a
+#: system call; the batch that reads is charged the time since the last).
+_CPU_EVERY_S = 0.01
 #: The exit code of a worker interrupted by KeyboardInterrupt (as a shell reports SIGINT).
 _INTERRUPTED_EXIT_CODE = 128 + 2
 
@@ -255,7 +259,8 @@ class _Serving:
         self.where = f"in DataLoader worker process {config.worker_id}"
         self._epoch_id: Optional[int] = None
         self._noted = False
-        self._cpu = CpuMeter()
+        self._cpu = ThreadClock()
+        self._cpu_due = 0.0
 
     def serve(self, task: Task, writer: Optional[SlotWriter]) -> bytes:
         """The task's result, pickled: a Batch (arrays in the slot when there
@@ -273,6 +278,14 @@ class _Serving:
         finally:
             if writer is not None:
                 writer.end()
+
+    def _times(self, clock: StageClock) -> bytes:
+        encode_s = clock.lap()
+        cpu_s = cpu_wait_s = 0.0
+        if clock.last >= self._cpu_due:
+            cpu_s, cpu_wait_s = self._cpu.used()
+            self._cpu_due = clock.last + _CPU_EVERY_S
+        return LoadTimes(clock.samples, clock.started_at, clock.fetch_s, clock.collate_s, encode_s, cpu_s, cpu_wait_s).pack()
 
     def _failed(self, task: Task, doing: str = "") -> TaskFailed:
         wid = self.config.worker_id
@@ -297,9 +310,7 @@ class _Serving:
                 size = writer.size
             times = None
             if clock is not None:
-                encode_s = clock.lap()
-                cpu_s = self._cpu.used()
-                times = LoadTimes(clock.samples, clock.started_at, clock.fetch_s, clock.collate_s, encode_s, cpu_s).pack()
+                times = self._times(clock)
             message = Batch(task.epoch_id, task.batch_index, wid, data, used, size, times=times)
         except EndOfData:
             message = Exhausted(task.epoch_id, task.batch_index, wid)

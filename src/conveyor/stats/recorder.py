@@ -63,6 +63,7 @@ class StatsRecorder:
         #: Seconds the loaders (workers, or the main process) spent loading, and their CPU seconds.
         self._busy_s = 0.0
         self._cpu_s = 0.0
+        self._cpu_wait_s = 0.0
         #: Waits of the loop that belong to no batch (starting workers in iter(),
         #: the last next(), batches that raised), and such compute time.
         self._extra_wait_s = 0.0
@@ -145,6 +146,7 @@ class StatsRecorder:
             self.samples += timings.samples
             self._busy_s += timings.fetch_s + timings.collate_s + timings.encode_s
             self._cpu_s += timings.cpu_s
+            self._cpu_wait_s += timings.cpu_wait_s
             self.slots_in_use = timings.slots_in_use
             if timings.workers_ready_s is not None:
                 self.worker_start_s = timings.workers_ready_s
@@ -226,6 +228,7 @@ class StatsRecorder:
             wall_s=wall_s,
             busy_s=self._busy_s,
             cpu_s=self._cpu_s,
+            cpu_wait_s=self._cpu_wait_s,
             startup_s=self._startup_s,
             stage_totals=tuple(stage_totals),
         )

@@ -55,6 +55,7 @@ class Mark(NamedTuple):
     wall_s: float
     busy_s: float
     cpu_s: float
+    cpu_wait_s: float
     startup_s: float
     stage_totals: tuple
 
@@ -67,6 +68,7 @@ class Mark(NamedTuple):
             self.wall_s - earlier.wall_s,
             self.busy_s - earlier.busy_s,
             self.cpu_s - earlier.cpu_s,
+            self.cpu_wait_s - earlier.cpu_wait_s,
             self.startup_s - earlier.startup_s,
             tuple(a - b for a, b in zip(self.stage_totals, earlier.stage_totals)),
         )
@@ -74,6 +76,12 @@ class Mark(NamedTuple):
 
 def _ratio(part: float, whole: float) -> Optional[float]:
     return part / whole if whole > 0 else None
+
+
+def _clip(fraction: Optional[float]) -> Optional[float]:
+    """A share of loading time, kept within [0, 1] (CPU figures are read
+    every few milliseconds, so a short run's totals can overshoot a little)."""
+    return None if fraction is None else min(1.0, max(0.0, fraction))
 
 
 @dataclass(frozen=True)
@@ -111,8 +119,11 @@ class LoaderStats:
     #: Share of the workers' time spent loading (fetch, collate, encode);
     #: with ``num_workers=0``, the share of wall time the main process spent loading.
     workers_busy_fraction: Optional[float]
-    #: CPU time over loading time: well below 1 means loading waits (on I/O, on locks, on sleep).
+    #: Share of the loading time (fetch, collate, encode) spent on a CPU, and
+    #: spent ready to run but waiting for a free core (Linux; 0 elsewhere).
+    #: The rest it waited on something else: storage, the network, a lock.
     loading_cpu_fraction: Optional[float]
+    loading_cpu_wait_fraction: Optional[float]
     num_workers: int
     #: Shared-memory slots lent out at the latest batch (in flight, waiting, or held by the loop).
     slots_in_use: int
@@ -137,7 +148,8 @@ class LoaderStats:
             startup_s=mark.startup_s,
             steady_wait_fraction=min(1.0, max(0.0, _ratio(stages["wait"].total_s - mark.startup_s, wall - mark.startup_s) or 0.0)),
             workers_busy_fraction=_ratio(mark.busy_s, loaders * wall),
-            loading_cpu_fraction=_ratio(mark.cpu_s, mark.busy_s),
+            loading_cpu_fraction=_clip(_ratio(mark.cpu_s, mark.busy_s)),
+            loading_cpu_wait_fraction=_clip(_ratio(mark.cpu_wait_s, mark.busy_s)),
             num_workers=num_workers,
             stages=stages,
             _mark=mark,
@@ -169,6 +181,7 @@ class LoaderStats:
             "steady_wait_fraction": self.steady_wait_fraction,
             "workers_busy_fraction": self.workers_busy_fraction,
             "loading_cpu_fraction": self.loading_cpu_fraction,
+            "loading_cpu_wait_fraction": self.loading_cpu_wait_fraction,
             "num_workers": self.num_workers,
             "slots_in_use": self.slots_in_use,
             "passes": self.passes,
@@ -222,7 +235,9 @@ def _table(stats: LoaderStats) -> str:
     if busy is not None:
         line += f" · {who} busy {busy:.0%}"
     if cpu is not None:
-        line += f" · loading on CPU {min(cpu, 1.0):.0%} of its time"
+        line += f" · loading on a CPU {cpu:.0%} of its time"
+        if stats.loading_cpu_wait_fraction:
+            line += f", waiting for a free core {stats.loading_cpu_wait_fraction:.0%}"
     lines.append(line)
     lines.append("  (shares: loading stages of the loading time; wait and compute of wall time)")
     return "\n".join(lines)

@@ -12,8 +12,10 @@ The rules, in order (each names its evidence):
    idle workers could be fewer).
 3. Otherwise input-bound, and the advice follows the evidence:
    no workers → use workers; a main-process stage is the slowest (sampler,
-   transport, pin) → fix that stage; loading mostly waits (low CPU share) →
-   more workers than cores, concurrent reads, a packed format; workers
+   transport, pin) → fix that stage; loading waits for a free core → the
+   cores are taken, make loading cheaper or the training process lighter;
+   loading mostly waits on something else (storage, network) → more
+   workers than cores, concurrent reads, a packed format; workers
    saturated → more workers if cores are free, else make the slowest stage
    cheaper; workers idle while the loop waits → more batches in flight.
 """
@@ -33,8 +35,12 @@ if TYPE_CHECKING:
 INPUT_BOUND_WAIT = 0.10
 #: Workers busy at least this share of their time have no room left.
 SATURATED_BUSY = 0.80
-#: Loading that runs on the CPU less than this share of its time is waiting (I/O).
-WAITING_CPU = 0.50
+#: Loading that waits on something other than a core (storage, network,
+#: a lock) at least this share of its time is waiting, not computing.
+WAITING_OFF_CPU = 0.50
+#: Loading that waits for a free core at least this share of its time
+#: runs on a machine whose cores are all taken.
+CONTENDED_CPU = 0.25
 #: Workers busy less than this share of the time in a compute-bound run are more than needed.
 IDLE_BUSY = 0.30
 #: Start-up taking at least this share of wall time is worth a remark of its own.
@@ -138,9 +144,17 @@ def _input_bound_advice(stats: "LoaderStats", slowest: Optional[str], share: flo
             f"pinning takes {share:.0%} of loading time ({p50} per batch): pin fewer, larger tensors, or turn "
             f"pin_memory off when not training on an accelerator"
         )
-    if cpu is not None and cpu < WAITING_CPU:
+    cpu_wait = stats.loading_cpu_wait_fraction or 0.0
+    if cpu_wait >= CONTENDED_CPU:
         return (
-            f"loading mostly waits (it ran on the CPU only {cpu:.0%} of its time: storage, network or sleep): more "
+            f"the loaders waited for a free core {cpu_wait:.0%} of their loading time: all {cores} cores are taken "
+            f"(the workers and the training process beside them), so more workers will not help; make {slowest} "
+            f"cheaper ({p50} per batch), or give the training process fewer threads (torch.set_num_threads)"
+        )
+    if cpu is not None and 1.0 - cpu - cpu_wait >= WAITING_OFF_CPU:
+        return (
+            f"loading mostly waits (on a CPU only {cpu:.0%} of its time, the rest on storage, the network, a lock "
+            f"or a sleep): more "
             f"workers than cores help here, e.g. num_workers={max(2 * workers, cores * 2)}; also read a batch's "
             f"samples concurrently, or pack small files into record shards"
         )
