@@ -309,3 +309,61 @@ def test_slots_in_use_counts_the_batches_the_loop_holds():
     held = [batch for batch in loader]  # every batch kept: each holds its slot
     assert loader.stats().slots_in_use >= 3
     del held
+
+
+# ----------------------------------------------------------- the verdict's rules
+
+
+def _stats(num_workers=2, wait=0.5, busy=0.9, cpu=0.9, cpu_wait=0.0, slowest="fetch", passes=1, startup=0.0):
+    """LoaderStats of a 10 s run whose loading time is all in ``slowest``."""
+    from conveyor.stats import StageStats
+
+    stages = {name: StageStats(0.0, 0.0, 0.0, 0.0) for name in STAGES}
+    stages[slowest] = StageStats(8.0, 0.02, 0.03, 0.05)
+    stages["wait"] = StageStats(10.0 * wait, 0.0, 0.0, 0.0)
+    stages["compute"] = StageStats(10.0 * (1 - wait), 0.0, 0.0, 0.0)
+    return LoaderStats(
+        batches=400, samples=12800, errors=0, wall_s=10.0, samples_per_s=1280.0, batches_per_s=40.0,
+        first_batch_s=startup, worker_start_s=0.1 if num_workers else None, data_wait_fraction=wait,
+        startup_s=startup, steady_wait_fraction=wait, workers_busy_fraction=busy, loading_cpu_fraction=cpu,
+        loading_cpu_wait_fraction=cpu_wait, num_workers=num_workers, slots_in_use=0, passes=passes, stages=stages,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "stats, bound, words",
+    [
+        (_stats(wait=0.02, busy=0.1, num_workers=8), "compute", "num_workers=2"),
+        (_stats(num_workers=0), "input", "num_workers=4"),
+        (_stats(slowest="sampler"), "input", "sampler"),
+        (_stats(slowest="transport"), "input", "smaller dtypes"),
+        (_stats(slowest="pin"), "input", "pin_memory"),
+        (_stats(cpu=0.4, cpu_wait=0.5), "input", "free core"),
+        (_stats(cpu=0.1), "input", "more workers than cores"),
+        (_stats(num_workers=2, busy=0.95), "input", "more workers: num_workers=4"),
+        (_stats(num_workers=4, busy=0.95), "input", "make __getitem__ cheaper"),
+        (_stats(num_workers=4, busy=0.95, slowest="collate"), "input", "default_collate"),
+        (_stats(busy=0.4), "input", "prefetch_factor"),
+        (_stats(startup=3.0, passes=3), "input", "persistent_workers=True"),
+    ],
+)
+def test_each_rule_of_the_verdict_names_its_remedy(stats, bound, words):
+    verdict = stats.verdict(cores=4)
+    assert verdict.bound == bound
+    assert words in verdict.advice, verdict.advice
+
+
+def test_the_thread_clock_tells_computing_from_sleeping():
+    from conveyor._engine.cpu import ThreadClock
+
+    clock = ThreadClock()
+    try:
+        time.sleep(0.05)
+        slept_cpu, _ = clock.used()
+        end = time.thread_time() + 0.05  # (CPU time: a loaded machine does not shorten it)
+        while time.thread_time() < end:
+            pass
+        busy_cpu, _ = clock.used()
+    finally:
+        clock.close()
+    assert slept_cpu < 0.02 and busy_cpu >= 0.045
