@@ -51,7 +51,7 @@ class ProgressBar:
         self._close()
         self._bar = self._tqdm(total=total, **self._kwargs)
         self._due = perf_counter() + self._every_s
-        self._last = None
+        self._last = recorder.mark()
         self._batches_before = recorder.batches
 
     def due_at(self) -> float:
@@ -59,16 +59,19 @@ class ProgressBar:
 
     def tick(self, recorder: Any, now: float) -> None:
         self._due = now + self._every_s
+        if self._bar is not None:
+            self._bring_up_to_date(recorder)
+            self._bar.refresh()
+
+    def _bring_up_to_date(self, recorder: Any) -> None:
         mark = recorder.mark()
-        if self._bar is None:
-            return
+        self._bar.n = mark.batches - self._batches_before
         self._bar.set_postfix_str(_postfix(mark, self._last, recorder.num_workers), refresh=False)
-        self._bar.update(mark.batches - self._batches_before - self._bar.n)
         self._last = mark
 
     def end_pass(self, recorder: Any) -> None:
         if self._bar is not None:
-            self.tick(recorder, perf_counter())
+            self._bring_up_to_date(recorder)  # (closing draws it once more, with these numbers)
         self._close()
 
     def _close(self) -> None:

@@ -117,6 +117,7 @@ class StatsRecorder:
             self._first_batch_pending = True
         for listener in self._listeners:
             listener.begin_pass(self, total)
+        self._due = min((each.due_at() for each in self._listeners), default=float("inf"))
         return pass_id
 
     def batch(self, pass_id: int, delivered: Any, called_at: float, returned_at: float) -> None:
