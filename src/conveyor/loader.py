@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing
-import os
 import sys
 import warnings
 import weakref
@@ -32,6 +31,7 @@ from . import sampler as _sampler
 from . import state as _state
 from . import stats as _stats
 from .iteration import LoaderIterator, PassSettings
+from ._engine.cpu import usable_cores
 from ._engine.executor import InProcessExecutor
 from ._engine.process_executor import ProcessConfig, ProcessExecutor
 from ._engine.fetch import FetchSpec, collate_route
@@ -201,11 +201,8 @@ class DataLoader(Generic[T_co]):
     def _warn_worker_count(self) -> None:
         if self.num_workers == 0:
             return
-        try:
-            available = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            available = os.cpu_count()
-        if available is not None and self.num_workers > available:
+        available = usable_cores()
+        if self.num_workers > available:
             warnings.warn(
                 f"This DataLoader will create {self.num_workers} worker processes in total. Our suggested "
                 f"max number of worker in current system is {available}, which is smaller than what this "

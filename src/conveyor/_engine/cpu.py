@@ -21,6 +21,15 @@ from typing import Optional
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, where the
+    system has one; a container's CPU quota is not seen)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class ThreadClock:
     """CPU and run-queue seconds of the thread that made it."""
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .._engine import portable
+from .._engine.cpu import usable_cores
 
 try:
     import resource
@@ -95,14 +96,6 @@ def _on_linux() -> bool:
 
 
 # ------------------------------------------------------------------ checks
-
-
-def usable_cores() -> int:
-    """Cores this process may run on: its affinity mask (``taskset``,
-    cpusets). A container's CPU quota (``--cpus``) is not seen here."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def check_cores(num_workers: int, cores: int = FROM_SYSTEM) -> Check:

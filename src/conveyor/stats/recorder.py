@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from array import array
 from time import perf_counter
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import numpy as np
 

@@ -22,10 +22,10 @@ The rules, in order (each names its evidence):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+from .._engine.cpu import usable_cores
 from .report import LOADING_STAGES
 
 if TYPE_CHECKING:
@@ -69,20 +69,13 @@ class Verdict:
         return f"{head}\nadvice: {self.advice}"
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
 def judge(stats: "LoaderStats", cores: Optional[int] = None) -> Verdict:
     """The verdict on ``stats`` for a machine with ``cores`` usable cores (default: this one's)."""
-    cores = cores or _cores()
+    cores = cores or usable_cores()
     wait = stats.steady_wait_fraction
     if stats.batches == 0 or stats.wall_s <= 0:
         return Verdict("unknown", wait, None, 0.0, "no batches yet; iterate first")
