@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 COMMANDS = {
     "demo": "demo",
     "doctor": "doctor",
+    "tune": "tune",
 }
 
 
