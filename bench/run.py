@@ -27,13 +27,17 @@ Workloads:
      thread count, as a training script does. samples/s.
   h  the cost of stats: (b) through conveyor with collect_stats on and off,
      10,000 batches a run, twice the rounds (the difference is small, the
-     noise is not). batches/s; "overhead" is 1 - on/off.
+     noise is not): batches/s ("overhead": 1 - the median of each round's
+     on/off), and CPU microseconds per batch of the main process and its
+     workers together ("overhead": that median on/off - 1), a figure the
+     scheduling noise of a shared machine moves less.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -97,13 +101,31 @@ def run_small(kind: str, batches: int) -> float:
     return _rate(loader, lambda batch: 1)
 
 
-def run_small_stats(kind: str, batches: int) -> float:
-    """Batches per second of (b) through conveyor, stats on or off."""
+def run_small_stats(kind: str, batches: int) -> dict:
+    """(b) through conveyor, stats on or off: batches per second, and CPU
+    microseconds per batch of the main process and its workers together
+    (the workers are stopped and reaped at the end of the pass, so their
+    CPU time is counted)."""
+    import resource
+
     import conveyor.torch as ct
+
+    def cpu_s() -> float:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + children.ru_utime + children.ru_stime
 
     dataset = workloads.Ints(32 * (batches + 1))
     loader = ct.DataLoader(dataset, batch_size=32, num_workers=2, collect_stats=kind == "stats_on")
-    return _rate(loader, lambda batch: 1)
+    cpu_before = cpu_s()
+    it = iter(loader)
+    next(it)
+    start, count = time.perf_counter(), 0
+    for _ in it:
+        count += 1
+    rate = count / (time.perf_counter() - start)
+    del it
+    gc.collect()
+    return {"rate": rate, "cpu_us": (cpu_s() - cpu_before) / (count + 1) * 1e6}
 
 
 def run_images(kind: str, root: str) -> float:
@@ -215,6 +237,28 @@ def run_memory(kind: str, tmp: Path, batches: int, measure: str = "rss") -> floa
     return peak / 1024
 
 
+def stats_overhead(rounds: int) -> dict:
+    """Workload h: the rate (paired ratio) and the CPU per batch, stats on against off."""
+    cpu: dict = {"stats_on": [], "stats_off": []}
+
+    def rate(kind: str) -> float:
+        run = run_small_stats(kind, 10000)
+        cpu[kind].append(run["cpu_us"])
+        return run["rate"]
+
+    measured = _alternate(rate, rounds, ("stats_on", "stats_off"))
+    paired = statistics.median(on / off for on, off in zip(cpu["stats_on"], cpu["stats_off"]))
+    return {
+        "h_stats_overhead_small_batches_per_s": {**measured, "overhead": round(1 - measured["paired_ratio"], 4)},
+        "h_stats_overhead_cpu_us_per_batch": {
+            **{kind: round(statistics.median(values), 2) for kind, values in cpu.items()},
+            "ratio": round(paired, 4),
+            "overhead": round(paired - 1, 4),
+            "samples": {kind: [round(v, 2) for v in values] for kind, values in cpu.items()},
+        },
+    }
+
+
 # ------------------------------------------------------------ machine limits
 
 
@@ -276,9 +320,12 @@ def _alternate(fn, rounds: int, kinds: tuple = ("conveyor", "torch")) -> dict:
             results[kind].append(fn(kind))
     medians = {kind: statistics.median(values) for kind, values in results.items()}
     first, second = kinds
+    paired = statistics.median(a / b for a, b in zip(results[first], results[second]))
     return {
         **{kind: round(median, 4) for kind, median in medians.items()},
         "ratio": round(medians[first] / medians[second], 3),
+        # Each round's ratio, then their median: drift in the machine's load hits both kinds of a round alike.
+        "paired_ratio": round(paired, 3),
         "samples": {k: [round(v, 4) for v in vs] for k, vs in results.items()},
     }
 
@@ -326,9 +373,7 @@ def main() -> int:
             work["e_peak_memory_MB"] = _alternate(lambda k: run_memory(k, tmp, 60, "rss"), rounds)
             work["e_peak_memory_pss_MB"] = _alternate(lambda k: run_memory(k, tmp, 60, "pss"), rounds)
         if "h" in only:
-            stats = _alternate(lambda k: run_small_stats(k, 10000), 2 * args.rounds, ("stats_on", "stats_off"))
-            stats["overhead"] = round(1 - stats["ratio"], 4)
-            work["h_stats_overhead_small_batches_per_s"] = stats
+            work.update(stats_overhead(2 * args.rounds))
         if "g" in only:
             with _torch_threads(default_threads):
                 work["g_torch_aug_samples_per_s"] = _alternate(lambda k: run_torch_augmented(k, 40), args.rounds)

@@ -13,7 +13,6 @@ pass is exhausted, abandoned or collected.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import sys
 import threading
@@ -99,7 +98,7 @@ class LoaderIterator:
 
     def __next__(self) -> Any:
         torch = sys.modules.get("torch")
-        if torch is not None and _profiling(torch):
+        if torch is not None and _profiling(torch):  # (checked per call: torch may be imported late)
             with torch.autograd.profiler.record_function(self._profile_name):
                 return self._next()
         return self._next()
@@ -221,8 +220,8 @@ def _pin_delivered(delivered: Delivered) -> Delivered:
     data = pin_tree(delivered.data)
     timings = delivered.timings
     if timings is not None:
-        timings = timings._replace(pin_s=perf_counter() - started_at)
-    return dataclasses.replace(delivered, data=data, timings=timings)
+        timings = timings.with_pin(perf_counter() - started_at)
+    return delivered._replace(data=data, timings=timings)
 
 
 def _profiling(torch: Any) -> bool:

@@ -14,6 +14,8 @@ that batch's ``Delivered.error`` and iteration goes on, as in torch.
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple, Optional, Protocol
 
@@ -21,6 +23,7 @@ import threading
 
 from .cpu import ThreadClock
 from .fetch import EndOfData, FetchSpec, StageClock, fetch_in_main, make_fetcher
+from .messages import LoadTimes, pack_load_times, unpack_load_times
 
 
 @dataclass(frozen=True)
@@ -34,48 +37,85 @@ class PlannedBatch:
     sampler_s: float = 0.0
 
 
-class Timings(NamedTuple):
-    """Where one batch's time went, in seconds (a named tuple: one is made
-    per batch, and a tuple is the cheapest record Python builds). Times
-    are ``time.perf_counter()`` readings, a clock every process of the
-    machine shares on Linux, so a worker's spans line up with the main
-    process's on one timeline."""
+class DeliveryTimes(NamedTuple):
+    """The main process's part of a batch's timings (see Timings)."""
 
-    #: Samples in the batch.
-    samples: int
-    sampler_s: float
-    fetch_s: float
-    collate_s: float
-    #: In the worker: arrays into shared memory, the header pickled.
-    encode_s: float = 0.0
-    #: In the main process: the header unpickled, views made, tensors made.
+    #: Drawing the batch's indices from the sampler.
+    sampler_s: float = 0.0
+    #: The header unpickled, views made, tensors made.
     decode_s: float = 0.0
     #: Loaded and waiting in the main process for its turn and for the loop.
     queue_s: float = 0.0
     pin_s: float = 0.0
-    #: CPU time the loading thread used for fetch, collate and encode, and
-    #: the time it was ready to run but waited for a core; the rest of
-    #: their sum it waited on something else (storage, network, a lock).
-    cpu_s: float = 0.0
-    cpu_wait_s: float = 0.0
-    #: Which worker loaded it (None: the main process) and its pid.
-    worker_id: Optional[int] = None
-    worker_pid: Optional[int] = None
-    #: When fetch began and when the main process had the batch.
-    started_at: float = 0.0
+    #: When the main process had the batch (a perf_counter reading).
     arrived_at: float = 0.0
+    #: Set on the first batch after the workers started: seconds from their
+    #: start to the last one being ready (NaN on other batches).
+    workers_ready_s: float = math.nan
+    #: Which worker loaded it (-1: the main process) and its pid (0: the main process).
+    worker_id: int = -1
+    worker_pid: int = 0
     #: Shared-memory slots lent out (in flight or held by the user) on delivery.
     slots_in_use: int = 0
-    #: Set on the first batch after the workers started: seconds from their
-    #: start to the last one being ready.
-    workers_ready_s: Optional[float] = None
 
 
-@dataclass(frozen=True)
-class Delivered:
+#: Packing and unpacking DeliveryTimes, as messages.py does LoadTimes.
+_PACKED_DELIVERY = struct.Struct("<6d3q")
+pack_delivery_times = _PACKED_DELIVERY.pack
+unpack_delivery_times = _PACKED_DELIVERY.unpack
+
+
+class Timings(NamedTuple):
+    """Where one batch's time went, in seconds, as two packed parts: the
+    loading thread's (``loading``: a packed LoadTimes, from the worker or
+    the in-process executor) and the main process's (``delivery``: a packed
+    DeliveryTimes). One is made and recorded per batch, so it is kept as
+    bytes, which cost next to nothing to make, keep and add up in bulk
+    (stats/recorder.py reads many at once with numpy); read a field by name
+    (``timings.fetch_s``) or all of them (:meth:`fields`).
+
+    Times are ``time.perf_counter()`` readings, a clock every process of
+    the machine shares on Linux, so a worker's spans line up with the main
+    process's on one timeline."""
+
+    loading: bytes
+    delivery: bytes
+
+    @classmethod
+    def make(cls, **fields: Any) -> "Timings":
+        """From fields by name (those of LoadTimes and DeliveryTimes; the rest 0)."""
+        loading = LoadTimes(**{name: fields.pop(name, 0) for name in LoadTimes._fields})
+        delivery = DeliveryTimes(**fields)
+        return cls(pack_load_times(*loading), pack_delivery_times(*delivery))
+
+    def fields(self) -> dict:
+        """Every field by name."""
+        return {
+            **LoadTimes(*unpack_load_times(self.loading))._asdict(),
+            **DeliveryTimes(*unpack_delivery_times(self.delivery))._asdict(),
+        }
+
+    def with_pin(self, pin_s: float) -> "Timings":
+        values = DeliveryTimes(*unpack_delivery_times(self.delivery))._replace(pin_s=pin_s)
+        return self._replace(delivery=pack_delivery_times(*values))
+
+
+def _field(part: int, unpack: Any, index: int) -> property:
+    """Field ``index`` of the packed ``part`` (0: loading, 1: delivery)."""
+    return property(lambda timings: unpack(timings[part])[index])
+
+
+# Timings.fetch_s, Timings.queue_s, ...: every field of both parts, by name.
+for _index, _name in enumerate(LoadTimes._fields):
+    setattr(Timings, _name, _field(0, unpack_load_times, _index))
+for _index, _name in enumerate(DeliveryTimes._fields):
+    setattr(Timings, _name, _field(1, unpack_delivery_times, _index))
+
+
+class Delivered(NamedTuple):
     """One batch as the executor hands it out: its index in the epoch, and
     its data or the exception loading it raised (which still counts as
-    delivered, as in torch). For an iterable dataset, ``copies`` is where
+    delivered, as in torch); a named tuple, as Timings. For an iterable dataset, ``copies`` is where
     each copy stood as of this batch (one per worker, or the one of
     ``num_workers=0``; a plain dict, see progress.py)."""
 
@@ -176,13 +216,8 @@ class InProcessExecutor:
 
 
 def _timings(task: PlannedBatch, clock: StageClock, cpu_s: float, cpu_wait_s: float) -> Timings:
-    return Timings(
-        clock.samples,
-        task.sampler_s,
-        clock.fetch_s,
-        clock.collate_s,
-        cpu_s=cpu_s,
-        cpu_wait_s=cpu_wait_s,
-        started_at=clock.started_at,
-        arrived_at=clock.started_at + clock.fetch_s + clock.collate_s,
+    started_at, fetched_at, collated_at = clock.started_at, clock.fetched_at, clock.collated_at
+    loading = pack_load_times(
+        clock.samples, started_at, fetched_at - started_at, collated_at - fetched_at, 0.0, cpu_s, cpu_wait_s
     )
+    return Timings(loading, pack_delivery_times(task.sampler_s, 0.0, 0.0, 0.0, collated_at, math.nan, -1, 0, 0))

@@ -23,32 +23,16 @@ class EndOfData(Exception):
 
 
 class StageClock:
-    """Times one batch as it is loaded: fetch (from the clock's start,
-    seeding included), collate, and whatever comes next (:meth:`lap`)."""
+    """When one batch's stages ended, as ``perf_counter()`` readings: the
+    fetch began at ``started_at`` (seeding included), the samples were in
+    hand at ``fetched_at``, collated at ``collated_at``. Plain fields, set
+    where the stages end: this runs for every batch."""
 
-    __slots__ = ("started_at", "fetch_s", "collate_s", "samples", "last")
+    __slots__ = ("started_at", "fetched_at", "collated_at", "samples")
 
     def __init__(self) -> None:
-        #: When the clock started, and its latest reading (perf_counter).
-        self.started_at = self.last = perf_counter()
-        self.fetch_s = 0.0
-        self.collate_s = 0.0
+        self.started_at = self.fetched_at = self.collated_at = perf_counter()
         self.samples = 0
-
-    def fetched(self, samples: int) -> None:
-        """The batch's ``samples`` samples are in hand."""
-        self.fetch_s = self.lap()
-        self.samples = samples
-
-    def collated(self) -> None:
-        self.collate_s = self.lap()
-
-    def lap(self) -> float:
-        """Seconds since the previous mark."""
-        now = perf_counter()
-        elapsed, self.last = now - self.last, now
-        return elapsed
-
 
 
 @dataclass(frozen=True)
@@ -217,9 +201,10 @@ class IterableFetcher:
 def _collate_timed(spec: FetchSpec, samples: Any, count: int, allocate: Optional[Allocate], clock: Optional[StageClock]) -> Any:
     if clock is None:
         return spec.collate(samples, allocate)
-    clock.fetched(count)
+    clock.fetched_at = perf_counter()
+    clock.samples = count
     batch = spec.collate(samples, allocate)
-    clock.collated()
+    clock.collated_at = perf_counter()
     return batch
 
 

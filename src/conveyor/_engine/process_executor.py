@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import enum
 import itertools
+import math
 import os
 import pickle
 import time
@@ -35,7 +36,7 @@ import warnings
 from dataclasses import dataclass
 from time import perf_counter
 from traceback import format_tb
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from .errors import (
     add_note,
@@ -45,9 +46,9 @@ from .errors import (
     transport_error,
     worker_ended_error,
 )
-from .executor import Delivered, PlannedBatch, Timings
+from .executor import Delivered, PlannedBatch, Timings, pack_delivery_times
 from .fetch import FetchSpec
-from .messages import Batch, Exhausted, Fatal, LoadTimes, Ready, Task, TaskFailed
+from .messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
 from ..collate import to_torch
 from .pickling import check_picklable
 from .pool import REAP_TIMEOUT_S, Event, Sent, WorkerHandle, WorkerPool
@@ -83,16 +84,16 @@ class ProcessConfig:
     timed: bool = True
 
 
-@dataclass(frozen=True)
-class _Finished:
-    """A batch back from a worker, waiting for its turn."""
+class _Finished(NamedTuple):
+    """A batch back from a worker, waiting for its turn (a named tuple: one
+    is made per batch, and a tuple is the cheapest record Python builds)."""
 
     index: int
     worker: WorkerHandle
     data: Any = None
     error: Optional[BaseException] = None
     worker_state: Any = None
-    #: For Delivered.timings: the worker's times (packed LoadTimes), the
+    #: For Delivered.timings: the worker's times (a packed LoadTimes), the
     #: sampler's, the decoding's, and when it arrived.
     times: Optional[bytes] = None
     sampler_s: float = 0.0
@@ -245,26 +246,13 @@ class ProcessExecutor:
     def _timings(self, finished: _Finished) -> Optional[Timings]:
         if finished.times is None:
             return None
-        times = LoadTimes.unpack(finished.times)
         ready_s, self._ready_s = self._ready_s, None
-        return Timings(
-            times.samples,
-            finished.sampler_s,
-            times.fetch_s,
-            times.collate_s,
-            times.encode_s,
-            finished.decode_s,
-            perf_counter() - finished.arrived_at,
-            0.0,
-            times.cpu_s,
-            times.cpu_wait_s,
-            finished.worker.id,
-            finished.worker.process.pid,
-            times.started_at,
-            finished.arrived_at,
-            self._pool.slots_in_use(),
-            ready_s,
-        )
+        worker, arrived_at = finished.worker, finished.arrived_at
+        delivery = pack_delivery_times(
+            finished.sampler_s, finished.decode_s, perf_counter() - arrived_at, 0.0, arrived_at,
+            math.nan if ready_s is None else ready_s, worker.id, worker.process.pid, self._pool.slots_in_use(),
+        )  # fmt: skip
+        return Timings(finished.times, delivery)
 
     # ------------------------------------------------------------- dispatch
     def _dispatch(self) -> None:

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Callable, Optional
 
 
@@ -43,7 +44,7 @@ from .errors import capture_failure
 from .cpu import ThreadClock
 from .fetch import EndOfData, FetchSpec, StageClock, fetch_seeded, make_fetcher
 from .info import WorkerInfo
-from .messages import Batch, Exhausted, Fatal, LoadTimes, Ready, Stop, Task, TaskFailed
+from .messages import Batch, Exhausted, Fatal, Ready, Stop, Task, TaskFailed, pack_load_times
 from ..collate import allocate_batch
 from .rows import RowPlacer, SlotAllocator
 from .shm import SlotWriter, StopFlag, encode
@@ -280,12 +281,16 @@ class _Serving:
                 writer.end()
 
     def _times(self, clock: StageClock) -> bytes:
-        encode_s = clock.lap()
+        """The batch's LoadTimes, packed; its stages ended when ``clock`` says, and encoding now."""
+        now = perf_counter()
         cpu_s = cpu_wait_s = 0.0
-        if clock.last >= self._cpu_due:
+        if now >= self._cpu_due:
             cpu_s, cpu_wait_s = self._cpu.used()
-            self._cpu_due = clock.last + _CPU_EVERY_S
-        return LoadTimes(clock.samples, clock.started_at, clock.fetch_s, clock.collate_s, encode_s, cpu_s, cpu_wait_s).pack()
+            self._cpu_due = now + _CPU_EVERY_S
+        started_at, fetched_at, collated_at = clock.started_at, clock.fetched_at, clock.collated_at
+        return pack_load_times(
+            clock.samples, started_at, fetched_at - started_at, collated_at - fetched_at, now - collated_at, cpu_s, cpu_wait_s
+        )
 
     def _failed(self, task: Task, doing: str = "") -> TaskFailed:
         wid = self.config.worker_id

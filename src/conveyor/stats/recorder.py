@@ -5,9 +5,10 @@
                                                                         ├─▶ tracer (while tracing)
                             loader.stats() ──snapshot()──────────────▶ LoaderStats (report.py)
 
-The per-batch path appends one float per stage to an ``array('d')`` and adds
-to a few counters, without a lock (see :meth:`StatsRecorder.batch`;
-``loader.stats()`` may be called from another thread, a logger's say). Totals are exact for the whole life of the
+The per-batch path appends one row to a list, without a lock (see
+:meth:`StatsRecorder.batch`; ``loader.stats()`` may be called from another
+thread, a logger's say); rows go into one ``array('d')`` per stage in bulk.
+Totals are exact for the whole life of the
 loader; percentiles are over the most recent ``WINDOW`` to ``2 × WINDOW``
 batches (older values are folded into the totals), so memory stays bounded
 on runs of any length.
@@ -22,10 +23,20 @@ from typing import Any, Optional, Protocol
 
 import numpy as np
 
+from .._engine.executor import DeliveryTimes
+from .._engine.messages import LoadTimes
 from .report import STAGES, LoaderStats, Mark, StageStats
 
 #: Percentiles are computed over at least this many of the latest batches.
 WINDOW = 1 << 16
+#: Rows are added to the columns this many at a time (one numpy conversion
+#: instead of a dozen Python-level appends per batch).
+BULK = 256
+#: The packed parts of Timings as numpy reads them, many at once.
+_LOADING = np.dtype([(name, "<i8" if name == "samples" else "<f8") for name in LoadTimes._fields])
+_DELIVERY = np.dtype(
+    [(name, "<i8" if name in ("worker_id", "worker_pid", "slots_in_use") else "<f8") for name in DeliveryTimes._fields]
+)
 
 
 class Listener(Protocol):
@@ -53,6 +64,9 @@ class StatsRecorder:
         self._pass_id = 0
         #: One column per stage, in STAGES order: the latest batches' seconds.
         self._columns = tuple(array("d") for _ in STAGES)
+        #: Batches not yet in the columns: their Timings' two parts, the
+        #: loop's wait and compute (appended in this order).
+        self._pending = ([], [], [], [])
         #: Totals of the values folded out of the columns, per stage.
         self._folded = [0.0] * len(STAGES)
         self._rows_folded = 0
@@ -124,49 +138,75 @@ class StatsRecorder:
         """``next()`` was called at ``called_at`` and returned ``delivered``
         (an executor's Delivered) at ``returned_at``.
 
-        The hot path takes no lock: each append is one call under the GIL,
-        and readers copy the columns whole (a slice), so they see a batch
-        either entirely or not at all in each column. Only folding, which
-        moves values between columns and totals, is done under the lock."""
+        The hot path appends one row to ``_pending`` and takes no lock (an
+        append is one call under the GIL); every ``BULK`` batches, or when
+        the stats are read, the pending rows go into the columns at once
+        (:meth:`_add_pending`, under the lock)."""
         if pass_id != self._pass_id:
             return
         timings = delivered.timings
-        wait_s = returned_at - called_at
-        compute_s = called_at - self._last_event
-        self._last_event = returned_at
         self.batches += 1
+        if timings is None:  # a batch that raised: its time counts, not as a stage
+            self.errors += 1
+            self._extra_wait_s += returned_at - called_at
+            self._extra_compute_s += called_at - self._last_event
+        else:
+            loading, delivery, waits, computes = self._pending
+            loading.append(timings[0])
+            delivery.append(timings[1])
+            waits.append(returned_at - called_at)
+            computes.append(called_at - self._last_event)
+        self._last_event = returned_at
         if self._first_batch_pending:
             self._first_batch_pending = False
             self.first_batch_s = returned_at - self._pass_started
             self._startup_s += self.first_batch_s
-        if timings is None:  # a batch that raised
-            self.errors += 1
-            self._extra_wait_s += wait_s
-            self._extra_compute_s += compute_s
-        else:
-            self.samples += timings.samples
-            self._busy_s += timings.fetch_s + timings.collate_s + timings.encode_s
-            self._cpu_s += timings.cpu_s
-            self._cpu_wait_s += timings.cpu_wait_s
-            self.slots_in_use = timings.slots_in_use
-            if timings.workers_ready_s is not None:
-                self.worker_start_s = timings.workers_ready_s
-            sampler, fetch, collate, transport, queue, pin, wait, compute = self._columns
-            sampler.append(timings.sampler_s)
-            fetch.append(timings.fetch_s)
-            collate.append(timings.collate_s)
-            transport.append(timings.encode_s + timings.decode_s)
-            queue.append(timings.queue_s)
-            pin.append(timings.pin_s)
-            wait.append(wait_s)
-            compute.append(compute_s)
-            if len(sampler) >= 2 * WINDOW:
-                with self._lock:
-                    self._fold()
+        if len(self._pending[3]) >= BULK:
+            with self._lock:
+                self._add_pending()
         if self.tracer is not None:
             self.tracer.batch(delivered, called_at, returned_at)
         if returned_at >= self._due:
             self._tick(returned_at)
+
+    def _add_pending(self) -> None:
+        """Move the pending batches into the columns and totals (under the lock).
+
+        Only this method removes entries, and only from the front, while the
+        loop's thread appends at the end, the last list last: counting the
+        last list, every list has at least that many entries."""
+        pending = self._pending
+        count = len(pending[3])
+        if not count:
+            return
+        parts = [part[:count] for part in pending]
+        for part in pending:
+            del part[:count]
+        loading = np.frombuffer(b"".join(parts[0]), dtype=_LOADING)
+        delivery = np.frombuffer(b"".join(parts[1]), dtype=_DELIVERY)
+        self.samples += int(loading["samples"].sum())
+        busy = loading["fetch_s"] + loading["collate_s"] + loading["encode_s"]
+        self._busy_s += float(busy.sum())
+        self._cpu_s += float(loading["cpu_s"].sum())
+        self._cpu_wait_s += float(loading["cpu_wait_s"].sum())
+        self.slots_in_use = int(delivery["slots_in_use"][-1])
+        ready = delivery["workers_ready_s"][~np.isnan(delivery["workers_ready_s"])]
+        if ready.size:
+            self.worker_start_s = float(ready[-1])
+        values = (
+            delivery["sampler_s"],
+            loading["fetch_s"],
+            loading["collate_s"],
+            loading["encode_s"] + delivery["decode_s"],
+            delivery["queue_s"],
+            delivery["pin_s"],
+            np.array(parts[2], dtype=np.float64),
+            np.array(parts[3], dtype=np.float64),
+        )
+        for column, stage in zip(self._columns, values):
+            column.frombytes(np.ascontiguousarray(stage, dtype=np.float64).tobytes())
+        if len(self._columns[0]) >= 2 * WINDOW:
+            self._fold()
 
     def end_pass(self, pass_id: int, called_at: float, ended_at: float) -> None:
         """The pass ended: the last ``next()``, called at ``called_at``, found no more batches."""
@@ -197,6 +237,7 @@ class StatsRecorder:
             self._pass_started = None
 
     def _fold(self) -> None:
+        """Keep the latest WINDOW values of each column; older ones go into the totals."""
         for k, column in enumerate(self._columns):
             self._folded[k] += float(np.frombuffer(column[:WINDOW], dtype=np.float64).sum())
             del column[:WINDOW]
@@ -212,6 +253,7 @@ class StatsRecorder:
     def mark(self) -> Mark:
         """The running totals now, without percentiles: cheap enough for a bar."""
         with self._lock:
+            self._add_pending()
             return self._mark_locked([float(np.frombuffer(c[:], dtype=np.float64).sum()) for c in self._columns])
 
     def _mark_locked(self, column_sums: list[float]) -> Mark:
@@ -238,6 +280,7 @@ class StatsRecorder:
         """The stats now; ``interval`` holds those since ``since`` (an
         earlier snapshot of this loader), when given."""
         with self._lock:
+            self._add_pending()
             columns = [np.frombuffer(c[:], dtype=np.float64) for c in self._columns]
             mark = self._mark_locked([float(c.sum()) for c in columns])
             rows_folded = self._rows_folded

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from time import perf_counter
+from types import SimpleNamespace
 from typing import Any, Union
 
 #: Rows of the main process in the viewer.
@@ -49,7 +50,8 @@ class ChromeTrace:
         self._span("wait (next)", main, _LOOP_TID, called_at, returned_at - called_at, index)
         if timings is None:
             return
-        if timings.worker_id is None:
+        timings = SimpleNamespace(**timings.fields())
+        if timings.worker_id < 0:
             pid, tid = main, _MAIN_TID
         else:
             pid, tid = timings.worker_pid, 0
