@@ -324,7 +324,8 @@ def _stats(num_workers=2, wait=0.5, busy=0.9, cpu=0.9, cpu_wait=0.0, slowest="fe
     stages["compute"] = StageStats(10.0 * (1 - wait), 0.0, 0.0, 0.0)
     return LoaderStats(
         batches=400, samples=12800, errors=0, wall_s=10.0, samples_per_s=1280.0, batches_per_s=40.0,
-        first_batch_s=startup, worker_start_s=0.1 if num_workers else None, data_wait_fraction=wait,
+        first_batch_s=startup, worker_start_s=0.1 if num_workers else None, worker_starts=passes if num_workers else 0,
+        data_wait_fraction=wait,
         startup_s=startup, steady_wait_fraction=wait, workers_busy_fraction=busy, loading_cpu_fraction=cpu,
         loading_cpu_wait_fraction=cpu_wait, num_workers=num_workers, slots_in_use=0, passes=passes, stages=stages,
     )  # fmt: skip
@@ -367,3 +368,22 @@ def test_the_thread_clock_tells_computing_from_sleeping():
     finally:
         clock.close()
     assert slept_cpu < 0.02 and busy_cpu >= 0.045
+
+
+def test_persistent_workers_are_not_advised_twice():
+    import dataclasses
+
+    persistent = dataclasses.replace(_stats(startup=3.0, passes=3), worker_starts=1)
+    advice = persistent.verdict(cores=4).advice
+    assert "persistent_workers" not in advice and "no batch loaded" in advice
+
+
+def test_worker_starts_count_once_with_persistent_workers():
+    loader = conveyor.DataLoader(Squares(20), batch_size=5, num_workers=2, persistent_workers=True)
+    _drain(loader)
+    _drain(loader)
+    assert loader.stats().worker_starts == 1 and loader.stats().passes == 2
+    fresh = conveyor.DataLoader(Squares(20), batch_size=5, num_workers=2)
+    _drain(fresh)
+    _drain(fresh)
+    assert fresh.stats().worker_starts == 2

@@ -90,6 +90,8 @@ class StatsRecorder:
         self.first_batch_s: Optional[float] = None
         self._startup_s = 0.0
         self.worker_start_s: Optional[float] = None
+        #: How many times workers were started (once per pass, unless they persist).
+        self.worker_starts = 0
         self.slots_in_use = 0
         self._listeners: list[Listener] = []
         self._due = float("inf")
@@ -193,6 +195,7 @@ class StatsRecorder:
         ready = delivery["workers_ready_s"][~np.isnan(delivery["workers_ready_s"])]
         if ready.size:
             self.worker_start_s = float(ready[-1])
+            self.worker_starts += int(ready.size)
         values = (
             delivery["sampler_s"],
             loading["fetch_s"],
@@ -289,6 +292,7 @@ class StatsRecorder:
                 passes=self.passes,
                 first_batch_s=self.first_batch_s,
                 worker_start_s=self.worker_start_s,
+                worker_starts=self.worker_starts,
                 slots_in_use=self.slots_in_use,
             )
         stats = _stats_from(mark, columns, extras, self.num_workers)

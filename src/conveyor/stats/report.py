@@ -110,6 +110,8 @@ class LoaderStats:
     first_batch_s: Optional[float]
     #: From starting the workers to the last of them being ready (None: no workers started yet).
     worker_start_s: Optional[float]
+    #: How many times workers were started: once per pass, or once in all with persistent workers.
+    worker_starts: int
     #: Share of wall time the loop spent blocked in ``next()``.
     data_wait_fraction: float
     #: Seconds from ``iter()`` to the first batch, summed over passes (all of it waiting).
@@ -176,6 +178,7 @@ class LoaderStats:
             "batches_per_s": self.batches_per_s,
             "first_batch_s": self.first_batch_s,
             "worker_start_s": self.worker_start_s,
+            "worker_starts": self.worker_starts,
             "data_wait_fraction": self.data_wait_fraction,
             "startup_s": self.startup_s,
             "steady_wait_fraction": self.steady_wait_fraction,

@@ -92,9 +92,11 @@ def judge(stats: "LoaderStats", cores: Optional[int] = None) -> Verdict:
         advice += f". Start-up (iter() to each pass's first batch) took {startup:.0%} of wall time"
         if stats.worker_start_s is not None:
             advice += f" (the workers were ready after {stats.worker_start_s:.2f} s)"
-        if stats.passes > 1 and stats.num_workers > 0:
+        if stats.passes > 1 and stats.num_workers > 0 and stats.worker_starts >= stats.passes:
             advice += ": keep the workers between passes (persistent_workers=True)"
-        elif stats.passes == 1:
+        elif stats.passes > 1:
+            advice += ": each pass begins with no batch loaded, and the loop waits for the first ones"
+        else:
             advice += "; a longer run spreads it out"
     return Verdict(bound, wait, slowest, share, advice)
 
