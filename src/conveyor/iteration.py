@@ -3,8 +3,13 @@
     iter(loader) ──▶ LoaderIterator(start, index sampler's batches, settings)
         plan:      replay (a resumed sampler that cannot jump) ──▶ _FirstDrawAhead
                    ──▶ _plan: PlannedBatch(index, indices, seed) for each batch
-        executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(index, data | error, copies)
-        delivery:  [pin thread] ──▶ progress.delivered(index) ──▶ the batch (or its error)
+        executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(index, data | error, copies, timings)
+        delivery:  [pin thread] ──▶ stats.batch (StatsRecorder) ──▶ progress.delivered(index)
+                   ──▶ the batch (or its error)
+
+Each ``next()`` is timed (the loop's wait, and its compute since the
+previous one) for the loader's stats, and opens torch's profiler range
+while a profiler records.
 
 The pass owns its executor unless workers persist (then the loader does),
 and its finalizer stops the pin thread and the owned workers whether the

@@ -1,6 +1,6 @@
 """Executors: who runs fetch + collate for each planned batch.
 
-    loader iterator ──begin_epoch(plan)──▶ Executor ──next_batch()──▶ Delivered(index, data | error, progress)
+    loader iterator ──begin_epoch(plan)──▶ Executor ──next_batch()──▶ Delivered(index, data | error, copies, timings)
                                              │
       InProcessExecutor (here): loads each batch in the calling thread (num_workers=0)
       ProcessExecutor (process_executor.py):
