@@ -592,6 +592,11 @@ def start_slow_script(tmp_path, method, **popen_kw):
         tmp_path,
         """
         if __name__ == "__main__":
+            # Ctrl-C as in a terminal, whatever this test run inherited: a
+            # shell that starts a job in the background (`make test &`, a CI
+            # runner) makes it ignore SIGINT, and its children inherit that.
+            import signal
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             loader = conveyor.DataLoader(Slow(sys.argv[2]), batch_size=1, num_workers=2,
                                          multiprocessing_context=sys.argv[1])
             for batch in loader:
