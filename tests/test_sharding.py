@@ -81,8 +81,58 @@ def test_torch_facade_version_is_a_torch_iterable_dataset():
         (dict(source=42), TypeError),
         (dict(source=[1], num_replicas=2), ValueError),
         (dict(source=[1], num_replicas=2, rank=2), ValueError),
+        (dict(source=[1], even="even"), ValueError),
+        (dict(source=iter([1]), even="pad"), TypeError),
     ],
 )
 def test_bad_arguments(kwargs, error):
     with pytest.raises(error):
         conveyor.ShardedIterable(**kwargs)
+
+
+def _rank_batches(n, replicas, workers, batch_size, even, drop_last=False):
+    """Each rank's batches (as lists), for a job of ``replicas`` ranks."""
+    out = []
+    for rank in range(replicas):
+        dataset = conveyor.ShardedIterable(list(range(n)), num_replicas=replicas, rank=rank, even=even)
+        loader = conveyor.DataLoader(dataset, batch_size=batch_size, num_workers=workers, drop_last=drop_last)
+        batches = [np.asarray(batch).tolist() for batch in loader]
+        if not drop_last:
+            assert sum(len(b) for b in batches) == len(dataset)
+        out.append(batches)
+    return out
+
+
+@pytest.mark.parametrize("n, replicas, workers, batch_size, drop_last", [
+    (10, 3, 0, 2, False), (10, 3, 2, 2, False), (23, 2, 2, 4, False), (23, 4, 2, 3, True), (5, 3, 2, 4, False),
+    (2, 3, 2, 1, False),
+])  # fmt: skip
+@pytest.mark.parametrize("even", ["drop", "pad"])
+def test_even_gives_every_rank_as_many_batches(n, replicas, workers, batch_size, drop_last, even):
+    per_rank = _rank_batches(n, replicas, workers, batch_size, even, drop_last)
+    assert len({len(batches) for batches in per_rank}) == 1, per_rank
+    seen = sorted(x for batches in per_rank for batch in batches for x in batch)
+    if even == "drop" and not drop_last:
+        assert seen == list(range(n // replicas * replicas))  # each once; the last n % R left out
+    if even == "pad":
+        assert set(range(n)) <= set(seen)  # each at least once; repeats only to fill up
+        assert len(seen) == -(-n // replicas) * replicas or drop_last
+
+
+def test_without_even_ranks_can_differ():
+    per_rank = _rank_batches(9, 2, 2, 1, None)
+    assert [len(batches) for batches in per_rank] == [5, 4]  # the hang every DDP user meets
+
+
+def test_the_world_comes_from_torchrun_variables(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    dataset = conveyor.ShardedIterable(list(range(10)))
+    assert dataset.world() == (4, 3)
+    assert items(conveyor.DataLoader(dataset, batch_size=2)) == [3, 7]
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ValueError, match="RANK=4 is not a rank of WORLD_SIZE=4"):
+        len(dataset)
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ValueError, match="not integers"):
+        dataset.world()
