@@ -1,0 +1,158 @@
+"""Real process groups: torchrun starts 2 ranks (gloo on 127.0.0.1, CPU),
+each iterating a conveyor.torch loader with 2 workers, as a DDP job does.
+
+Each scenario is a script run under ``python -m torch.distributed.run``; its
+ranks write what they saw to JSON files that the test compares: every sample
+once per epoch across ranks, each rank's order equal to torch's
+DistributedSampler for the same seed and epoch, every rank as many batches
+(each batch is followed by an all-reduce, so a rank that ran out first would
+leave the other waiting), and a rank that fails ending the job with a report
+naming it rather than a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import procutil  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    import torch.utils.data as tud
+
+    import conveyor.torch as data
+
+    out, scenario = sys.argv[1], sys.argv[2]
+    # Built before the process group: ShardedIterable reads torchrun's RANK and WORLD_SIZE itself.
+    sharded = {
+        "even-pad": data.ShardedIterable(list(range(23)), even="pad"),
+        "even-drop": data.ShardedIterable(list(range(23)), even="drop"),
+    }
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def step():  # what DDP's backward does each batch: wait for every rank
+        dist.all_reduce(torch.ones(1))
+
+    result = {"rank": rank, "world": world}
+    if scenario == "map":
+        dataset = list(range(40))
+        sampler = data.DistributedSampler(dataset, shuffle=True, seed=7)
+        loader = data.DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2, persistent_workers=True)
+        result["epochs"] = []
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            seen = []
+            for batch in loader:
+                seen += batch.tolist()
+                step()
+            reference = tud.DistributedSampler(dataset, shuffle=True, seed=7)
+            reference.set_epoch(epoch)
+            result["epochs"].append({"seen": seen, "torch": list(reference)})
+    elif scenario in sharded:
+        loader = data.DataLoader(sharded[scenario], batch_size=4, num_workers=2)
+        seen = []
+        for batch in loader:
+            seen += batch.tolist()
+            step()
+        result["seen"] = seen
+    elif scenario in ("raise", "kill"):
+        loader = data.DataLoader(list(range(400)), batch_size=4, num_workers=2,
+                                 sampler=data.DistributedSampler(list(range(400)), shuffle=False))
+        with open(os.path.join(out, f"workers-{rank}.json"), "w") as f:
+            it = iter(loader)
+            json.dump([p.pid for p in __import__("multiprocessing").active_children()], f)
+        for k, batch in enumerate(it):
+            if rank == 1 and k == 3:
+                if scenario == "raise":
+                    raise RuntimeError("rank 1 broke on purpose")
+                os.kill(os.getpid(), signal.SIGKILL)
+            step()
+    with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(tmp_path, scenario):
+    """Run the scenario on 2 ranks; (completed process, each rank's result or None)."""
+    out = tmp_path / scenario
+    out.mkdir()
+    script = out / "job.py"
+    script.write_text(SCRIPT)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+        "--master-port", str(_free_port()), "--monitor-interval", "0.2", str(script), str(out), scenario,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, cwd=out, capture_output=True, text=True, timeout=150)
+    results = []
+    for rank in range(2):
+        path = out / f"rank-{rank}.json"
+        results.append(json.loads(path.read_text()) if path.exists() else None)
+    return done, results, out
+
+
+def test_each_sample_once_per_epoch_in_torchs_order_and_set_epoch_reshuffles(tmp_path):
+    done, results, _ = _torchrun(tmp_path, "map")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["world"] for r in results] == [2, 2]
+    for epoch in range(2):
+        seen = [results[rank]["epochs"][epoch]["seen"] for rank in range(2)]
+        assert sorted(seen[0] + seen[1]) == list(range(40))  # every sample once across ranks
+        for rank in range(2):  # each rank's batches: torch's DistributedSampler partition
+            assert seen[rank] == results[rank]["epochs"][epoch]["torch"]
+    assert results[0]["epochs"][0]["seen"] != results[0]["epochs"][1]["seen"]  # set_epoch changed the order
+
+
+@pytest.mark.parametrize("even", ["pad", "drop"])
+def test_an_iterable_dataset_gives_every_rank_as_many_batches(tmp_path, even):
+    done, results, _ = _torchrun(tmp_path, f"even-{even}")
+    # A rank with fewer batches would leave the other in its all-reduce until the 60 s timeout.
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = [results[rank]["seen"] for rank in range(2)]
+    assert len(seen[0]) == len(seen[1]) == (12 if even == "pad" else 11)
+    everything = sorted(seen[0] + seen[1])
+    if even == "drop":
+        assert everything == list(range(22))  # 23 items on 2 ranks: the last one left out
+    else:
+        assert set(everything) == set(range(23)) and len(everything) == 24  # one item repeated to fill up
+
+
+@pytest.mark.parametrize("scenario", ["raise", "kill"])
+def test_a_failing_rank_ends_the_job_with_a_report_instead_of_a_hang(tmp_path, scenario):
+    done, results, out = _torchrun(tmp_path, scenario)
+    assert done.returncode != 0
+    assert results == [None, None]  # neither rank finished: rank 0 did not carry on alone
+    report = done.stderr
+    assert "local_rank: 1" in report or "rank: 1" in report, report[-3000:]  # torchrun names the failed rank
+    if scenario == "raise":
+        assert "rank 1 broke on purpose" in report
+    else:
+        assert "Signal 9" in report or "SIGKILL" in report
+    # Every rank's DataLoader workers are gone too.
+    workers = [pid for rank in range(2) for pid in json.loads((out / f"workers-{rank}.json").read_text())]
+    assert workers and not procutil.wait_until_gone(workers, 10.0)
