@@ -14,6 +14,7 @@ import torch.utils.data as tud
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import conveyor
 from conveyor.rng import derive_seed, global_generator_states, restore_global_generators
 from conveyor.sampler import (
     BatchSampler,
@@ -704,3 +705,41 @@ def test_samplers_copy_and_pickle_with_their_generators():
         for duplicate in (copy.deepcopy(sampler), pickle.loads(pickle.dumps(sampler))):
             assert duplicate.state_dict() == sampler.state_dict()
             assert epochs(duplicate, 2) == epochs(copy.deepcopy(sampler), 2)
+
+
+@pytest.mark.parametrize("n, replicas", [(10, 3), (9, 3), (2, 3), (0, 2)])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_distributed_even_false_sees_every_sample_once_for_evaluation(n, replicas, shuffle):
+    import conveyor.torch as ct
+
+    for module in (conveyor, ct):
+        shares = [
+            list(module.DistributedSampler(range(n), num_replicas=replicas, rank=r, shuffle=shuffle, seed=3, even=False))
+            for r in range(replicas)
+        ]
+        assert sorted(i for share in shares for i in share) == list(range(n))  # no padded duplicates
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+        assert [len(module.DistributedSampler(range(n), num_replicas=replicas, rank=r, even=False)) for r in range(replicas)] == [
+            len(share) for share in shares
+        ]
+
+
+def test_distributed_even_false_rejects_drop_last_and_non_bools():
+    with pytest.raises(ValueError, match="even=False"):
+        conveyor.DistributedSampler(range(10), num_replicas=2, rank=0, drop_last=True, even=False)
+    with pytest.raises(TypeError, match="even"):
+        conveyor.DistributedSampler(range(10), num_replicas=2, rank=0, even=0)
+
+
+def test_distributed_even_false_resumes_mid_epoch():
+    sampler = conveyor.DistributedSampler(range(11), num_replicas=2, rank=0, shuffle=True, seed=5, even=False)
+    it = iter(sampler)
+    head = [next(it) for _ in range(2)]
+    state = sampler.state_dict()
+    rest = list(it)
+    resumed = conveyor.DistributedSampler(range(11), num_replicas=2, rank=0, shuffle=True, seed=5, even=False)
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest and len(head + rest) == 6
+    padded = conveyor.DistributedSampler(range(11), num_replicas=2, rank=0, shuffle=True, seed=5)
+    with pytest.raises(ValueError):
+        padded.load_state_dict(state)  # the state names even=False; the other sampler pads

@@ -5,25 +5,31 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
 from conveyor.rng import TorchSource, derive_seed, source_for
 
 from .arguments import _check_int, _check_positive_int, _is_int
-from .resumable import _Resumable
+from .resumable import _Resumable, _state_error
 from .samplers import Sampler
 
 
-def _per_replica(total: int, num_replicas: int, drop_last: bool) -> int:
-    """Items each replica gets: all of them, padded, or (drop_last) the even part."""
+def _per_replica(total: int, num_replicas: int, drop_last: bool, rank: int = 0, even: bool = True) -> int:
+    """Items replica ``rank`` gets: all of them, padded, or (drop_last) the
+    even part; with ``even=False``, its share as it falls (no padding)."""
+    if not even:
+        return len(range(rank, total, num_replicas))
     if drop_last and total % num_replicas != 0:
         return math.ceil((total - num_replicas) / num_replicas)
     return math.ceil(total / num_replicas)
 
 
-def _shard(items: list[Any], num_replicas: int, rank: int, drop_last: bool) -> list[Any]:
-    """``rank``'s share of ``items``: padded by repeating from the start, or cut, to divide evenly."""
+def _shard(items: list[Any], num_replicas: int, rank: int, drop_last: bool, even: bool = True) -> list[Any]:
+    """``rank``'s share of ``items``: padded by repeating from the start, or
+    cut, to divide evenly; with ``even=False``, every ``num_replicas``-th as they fall."""
+    if not even:
+        return items[rank::num_replicas]
     total = _per_replica(len(items), num_replicas, drop_last) * num_replicas
     padding = total - len(items)
     if padding > 0:
@@ -62,6 +68,12 @@ class DistributedSampler(_Resumable, Sampler[int]):
     ``num_replicas``-th index from position ``rank``. Call :meth:`set_epoch`
     each epoch, or every epoch repeats the same order.
 
+    ``even=False`` (conveyor's; torch has no such mode) is for evaluation:
+    no padding and nothing cut, so every sample is seen exactly once across
+    the replicas, whose shares may differ by one sample (and their loaders
+    by one batch). Gather the results with ``all_gather_object`` or a
+    metric that handles uneven ranks, not with a collective per batch.
+
     ``num_replicas`` / ``rank`` default to torch.distributed's world size and
     rank when the program has initialised it; conveyor never imports torch for
     this, and asks for them otherwise.
@@ -89,6 +101,8 @@ class DistributedSampler(_Resumable, Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        *,
+        even: bool = True,
     ) -> None:
         if num_replicas is None:
             num_replicas = _world_from_torch("num_replicas")
@@ -99,8 +113,16 @@ class DistributedSampler(_Resumable, Sampler[int]):
         self.shuffle = bool(shuffle)
         self.seed = _check_int("seed", seed)
         self.drop_last = bool(drop_last)
-        self.num_samples = _per_replica(len(dataset), self.num_replicas, self.drop_last)
-        self.total_size = self.num_samples * self.num_replicas
+        if not isinstance(even, bool):
+            raise TypeError(f"even must be True or False, got {type(even).__name__} ({even!r})")
+        if not even and self.drop_last:
+            raise ValueError(
+                "DistributedSampler: even=False keeps every sample and drop_last=True cuts some; "
+                "pass one of them (even=False for evaluation, every sample once)"
+            )
+        self.even = even
+        self.num_samples = _per_replica(len(dataset), self.num_replicas, self.drop_last, self.rank, even)
+        self.total_size = self.num_samples * self.num_replicas if even else len(dataset)
         self._init_progress()
 
     def _settings(self) -> dict[str, Any]:
@@ -111,11 +133,21 @@ class DistributedSampler(_Resumable, Sampler[int]):
             "seed": self.seed,
             "drop_last": self.drop_last,
             "flavor": self._flavor,
+            # Only when set, so states saved before even= existed still load.
+            **({"even": False} if not self.even else {}),
         }
 
     def state_dict(self) -> dict[str, Any]:
         """Where this sampler stands (JSON values); ``rank`` is recorded but not checked on load."""
         return {**super().state_dict(), "rank": self.rank}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        # A state without "even" was saved with padding (before even= existed, or with even=True).
+        saved_even = state.get("even", True) if isinstance(state, Mapping) else True
+        if saved_even != self.even:
+            what = "the state was saved with another even= setting."
+            raise _state_error(type(self).__name__, what, {"even": saved_even}, {"even": self.even})
+        super().load_state_dict(state)
 
     def _open(self, epoch: int, record: Any) -> tuple[Any, Any]:
         return epoch, None
@@ -125,7 +157,7 @@ class DistributedSampler(_Resumable, Sampler[int]):
 
     def _epoch_order(self, epoch: int) -> list[int]:
         n = len(self.dataset)
-        if _per_replica(n, self.num_replicas, self.drop_last) != self.num_samples:
+        if _per_replica(n, self.num_replicas, self.drop_last, self.rank, self.even) != self.num_samples:
             raise RuntimeError(
                 f"DistributedSampler: the dataset now has {n} samples, which changes the {self.num_samples} "
                 f"per replica computed when the sampler was built; build a new DistributedSampler"
@@ -137,7 +169,7 @@ class DistributedSampler(_Resumable, Sampler[int]):
         return source_for(derive_seed(self.seed, epoch), self._flavor).permutation(n)
 
     def _chunks(self, epoch: int) -> Iterator[list[int]]:
-        yield _shard(self._epoch_order(epoch), self.num_replicas, self.rank, self.drop_last)
+        yield _shard(self._epoch_order(epoch), self.num_replicas, self.rank, self.drop_last, self.even)
 
     def __iter__(self) -> Iterator[int]:
         return self._iterate()
