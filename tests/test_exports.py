@@ -37,7 +37,7 @@ def test_core_import_loads_no_framework():
 #: The public surface, pinned: a name added or removed is a decision, made here too.
 CORE_NAMES = {
     "BatchSampler", "ChainDataset", "ConcatDataset", "DataLoader", "Dataset", "DistributedSampler",
-    "IterableDataset", "PadCollate", "RandomSampler", "Sampler", "SequentialSampler", "ShardedIterable",
+    "IterableDataset", "PadCollate", "RandomSampler", "Sampler", "SequentialSampler", "ShardedIterable", "ShardedSampler",
     "StackDataset", "StallWarning", "Stateful", "Subset", "SubsetRandomSampler", "TensorDataset",
     "TokenBudgetBatchSampler", "TransportError", "WeightedRandomSampler", "WorkerDiedError", "WorkerInfo",
     "default_collate", "default_convert", "derive_seed", "get_worker_info", "random_split", "register_collate",

@@ -743,3 +743,57 @@ def test_distributed_even_false_resumes_mid_epoch():
     padded = conveyor.DistributedSampler(range(11), num_replicas=2, rank=0, shuffle=True, seed=5)
     with pytest.raises(ValueError):
         padded.load_state_dict(state)  # the state names even=False; the other sampler pads
+
+
+def _shares(make_sampler, replicas, even):
+    return [list(conveyor.ShardedSampler(make_sampler(), num_replicas=replicas, rank=r, even=even)) for r in range(replicas)]
+
+
+@pytest.mark.parametrize("even", ["pad", "drop", None])
+def test_sharded_sampler_shares_out_a_weighted_sampler(even):
+    make = lambda: conveyor.WeightedRandomSampler([1.0, 2.0, 3.0, 4.0, 5.0], 11, generator=np.random.default_rng(4))  # noqa: E731
+    drawn = list(make())
+    shares = _shares(make, 3, even)
+    lengths = [len(conveyor.ShardedSampler(make(), num_replicas=3, rank=r, even=even)) for r in range(3)]
+    assert lengths == [len(share) for share in shares]
+    if even is None:
+        assert sorted(x for s in shares for x in s) == sorted(drawn) and max(lengths) - min(lengths) <= 1
+    else:
+        assert len(set(lengths)) == 1
+        assert lengths[0] == (4 if even == "pad" else 3)
+        assert [shares[r][k] for k in range(3) for r in range(3)] == drawn[:9]  # dealt round robin
+
+
+def test_sharded_sampler_shares_out_whole_batches_of_a_batch_sampler():
+    lengths = [3, 9, 1, 4, 4, 7, 2, 8, 5, 6]
+    make = lambda: conveyor.TokenBudgetBatchSampler(lengths, max_tokens=12, shuffle=True, seed=1)  # noqa: E731
+    batches = list(make())
+    shares = _shares(make, 2, None)
+    assert sorted(map(tuple, shares[0] + shares[1])) == sorted(map(tuple, batches))
+    loader = conveyor.DataLoader(list(range(10)), batch_sampler=conveyor.ShardedSampler(make(), num_replicas=2, rank=1, even=None))
+    assert [b.tolist() for b in loader] == shares[1]
+
+
+def test_sharded_sampler_resumes_mid_epoch_and_moves_on_by_epoch():
+    make = lambda: conveyor.ShardedSampler(conveyor.RandomSampler(range(20), seed=9), num_replicas=2, rank=1)  # noqa: E731
+    sampler = make()
+    first = list(sampler)
+    it = iter(sampler)
+    head = [next(it) for _ in range(4)]
+    state = sampler.state_dict()
+    rest = list(it)
+    assert head + rest != first  # the second iteration is the next epoch
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert list(resumed) == rest
+
+
+def test_sharded_sampler_checks_its_arguments():
+    with pytest.raises(TypeError, match="needs a sampler"):
+        conveyor.ShardedSampler(3, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match="even"):
+        conveyor.ShardedSampler(range(3), num_replicas=2, rank=0, even="evenly")
+    with pytest.raises(ValueError, match="rank"):
+        conveyor.ShardedSampler(range(3), num_replicas=2, rank=2)
+    with pytest.raises(TypeError, match="state_dict"):
+        conveyor.ShardedSampler(range(3), num_replicas=2, rank=0).load_state_dict({})

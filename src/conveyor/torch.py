@@ -73,6 +73,7 @@ SubsetRandomSampler = _torch_flavoured(_sampler.SubsetRandomSampler, _tud.Subset
 WeightedRandomSampler = _torch_flavoured(_sampler.WeightedRandomSampler, _tud.WeightedRandomSampler)
 BatchSampler = _torch_flavoured(_sampler.BatchSampler, _tud.BatchSampler)
 DistributedSampler = _torch_flavoured(_sampler.DistributedSampler, _tud.DistributedSampler)
+ShardedSampler = _torch_flavoured(_sampler.ShardedSampler, _tud.Sampler)
 TokenBudgetBatchSampler = _torch_flavoured(_sampler.TokenBudgetBatchSampler, _tud.Sampler)
 
 # Collation: torch tensors out.

@@ -20,7 +20,7 @@ messages; every one can report and restore its position (``state_dict``).
 """
 
 from .batch import BatchSampler
-from .distributed import DistributedSampler
+from .distributed import DistributedSampler, ShardedSampler
 from .replay import batch_fingerprint, replay, replay_point, restore_replay_point  # noqa: F401  (used by loader, state)
 from .resumable import _has_position  # noqa: F401  (used by state)
 from .samplers import RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler
@@ -34,5 +34,6 @@ __all__ = [
     "WeightedRandomSampler",
     "BatchSampler",
     "DistributedSampler",
+    "ShardedSampler",
     "TokenBudgetBatchSampler",
 ]
