@@ -156,3 +156,21 @@ def test_a_failing_rank_ends_the_job_with_a_report_instead_of_a_hang(tmp_path, s
     # Every rank's DataLoader workers are gone too.
     workers = [pid for rank in range(2) for pid in json.loads((out / f"workers-{rank}.json").read_text())]
     assert workers and not procutil.wait_until_gone(workers, 10.0)
+
+
+def test_the_documented_example_runs_as_written_and_resumes(tmp_path):
+    example = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "ddp.py")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    lines = []
+    for extra in ([], ["--resume"]):
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+            "--master-port", str(_free_port()), example, "--out", str(tmp_path), *extra,
+        ]  # fmt: skip
+        done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines.append(done.stdout.strip().splitlines()[-1])
+    assert lines[0] == (
+        "2 ranks; training batches on rank 0: 16; stream: 4 batches a rank; evaluation covered 64 samples, each once: True"
+    )
+    assert lines[1].startswith("2 ranks; training batches on rank 0: 4;")  # the rest of the epoch it stopped in
