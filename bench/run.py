@@ -25,6 +25,9 @@ Workloads:
      random resized crop (F.interpolate to 224), flip, to float, normalize,
      batch 32, 2 workers (fork); the main process keeps torch's default
      thread count, as a training script does. samples/s.
+  i  data-parallel: 2 ranks under torchrun (gloo), each with its own loader
+     and 1 worker, an all-reduce after every batch (bench/distributed.py).
+     batches/s per rank.
   h  the cost of stats: (b) through conveyor with collect_stats on and off,
      10,000 batches a run, twice the rounds (the difference is small, the
      noise is not): batches/s ("overhead": 1 - the median of each round's
@@ -334,7 +337,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=5, help="A B rounds per workload (default 5)")
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h", help="comma-separated workloads to run")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i", help="comma-separated workloads to run")
     args = parser.parse_args()
     only = set(args.only.split(","))
     import torch
@@ -381,6 +384,10 @@ def main() -> int:
         import resume
 
         report["resume"] = resume.run(resume.parse_args(["--repeats", str(args.rounds)]))
+    if "i" in only:
+        import distributed
+
+        report["distributed"] = distributed.run(distributed.parse_args(["--rounds", str(args.rounds)]))
     limits = report["limits"]
     if "a_big_batches_GBps" in report["workloads"]:
         report["workloads"]["a_big_batches_GBps"]["fraction_of_memcpy"] = round(
@@ -400,6 +407,8 @@ def main() -> int:
             print(f"{name:28s} {first} {r[first]:>10.4g}  {second} {r[second]:>10.4g}  ratio {r['ratio']:.2f}")
         if "resume" in report:
             print("f_resume: " + json.dumps(report["resume"]))
+        for rank in report.get("distributed", {}).get("ranks", []):
+            print(f"i_distributed rank {rank['rank']}: conveyor {rank['conveyor']:,.0f}  torch {rank['torch']:,.0f}  ratio {rank['ratio']:.2f}")
     return 0
 
 
