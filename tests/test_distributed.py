@@ -72,6 +72,20 @@ SCRIPT = textwrap.dedent(
             seen += batch.tolist()
             step()
         result["seen"] = seen
+    elif scenario == "samplers":
+        import numpy as np
+        weights = [1.0 + (i % 5) for i in range(30)]
+        weighted = data.WeightedRandomSampler(weights, 30, generator=np.random.default_rng(11))  # same draw on every rank
+        loader = data.DataLoader(list(range(30)), batch_size=4, num_workers=2, sampler=data.ShardedSampler(weighted))
+        seen = []
+        for batch in loader:
+            seen += batch.tolist()
+            step()
+        result["weighted"] = seen
+        result["weighted_all"] = list(data.WeightedRandomSampler(weights, 30, generator=np.random.default_rng(11)))
+        evaluation = data.DataLoader(list(range(31)), batch_size=4, num_workers=2,
+                                     sampler=data.DistributedSampler(list(range(31)), shuffle=True, even=False))
+        result["evaluated"] = [i for batch in evaluation for i in batch.tolist()]
     elif scenario in ("raise", "kill"):
         loader = data.DataLoader(list(range(400)), batch_size=4, num_workers=2,
                                  sampler=data.DistributedSampler(list(range(400)), shuffle=False))
@@ -174,3 +188,14 @@ def test_the_documented_example_runs_as_written_and_resumes(tmp_path):
         "2 ranks; training batches on rank 0: 16; stream: 4 batches a rank; evaluation covered 64 samples, each once: True"
     )
     assert lines[1].startswith("2 ranks; training batches on rank 0: 4;")  # the rest of the epoch it stopped in
+
+
+def test_any_sampler_shared_out_and_evaluation_without_duplicates(tmp_path):
+    done, results, _ = _torchrun(tmp_path, "samplers")
+    assert done.returncode == 0, done.stderr[-3000:]
+    drawn = results[0]["weighted_all"]
+    assert results[1]["weighted_all"] == drawn  # the same draw on both ranks
+    assert sorted(results[0]["weighted"] + results[1]["weighted"]) == sorted(drawn)  # 30 items, 15 a rank
+    assert len(results[0]["weighted"]) == len(results[1]["weighted"]) == 15
+    evaluated = results[0]["evaluated"] + results[1]["evaluated"]
+    assert sorted(evaluated) == list(range(31))  # every sample once: no padded duplicate
