@@ -136,3 +136,25 @@ def test_the_world_comes_from_torchrun_variables(monkeypatch):
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(ValueError, match="not integers"):
         dataset.world()
+
+
+@pytest.mark.filterwarnings("ignore:ShardedIterable")
+def test_an_iterable_state_loads_only_on_the_same_rank_of_as_many_ranks():
+    def loader(replicas, rank, num_workers=2):
+        dataset = conveyor.ShardedIterable(list(range(40)), num_replicas=replicas, rank=rank)
+        return conveyor.DataLoader(dataset, batch_size=2, num_workers=num_workers)
+
+    saved_on = loader(2, 1)
+    it = iter(saved_on)
+    next(it)
+    state = saved_on.state_dict()
+    rest = [np.asarray(b).tolist() for b in it]
+    same = loader(2, 1)
+    same.load_state_dict(state)
+    assert [np.asarray(b).tolist() for b in same] == rest
+    with pytest.raises(ValueError, match=r"(?s)saved state: ranks=2.*this loader: ranks=3"):
+        loader(3, 1).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"(?s)saved state: rank=1.*this loader: rank=0"):
+        loader(2, 0).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"(?s)saved state: num_workers=2.*this loader: num_workers=1"):
+        loader(2, 1, num_workers=1).load_state_dict(state)

@@ -114,7 +114,20 @@ def settings(view: LoaderView) -> dict[str, Any]:
         "flavor": view.flavor,
         # Map-style batches do not depend on the workers; an iterable dataset's do.
         "num_workers": view.num_workers if view.iterable else "any",
+        **_rank_layout(view),
     }
+
+
+def _rank_layout(view: LoaderView) -> dict[str, Any]:
+    """An iterable dataset sharded over ranks (one with ``world()``, as
+    ShardedIterable): each rank's state holds where its own shard stands,
+    so it loads only on the same rank of a job of as many ranks. Nothing on
+    one rank (so states saved on one process are as before)."""
+    world = getattr(view.dataset, "world", None)
+    if not view.iterable or not callable(world):
+        return {}
+    ranks, rank = world()
+    return {"ranks": ranks, "rank": rank} if ranks > 1 else {}
 
 
 def _generator_kind(view: LoaderView) -> str:
