@@ -39,6 +39,7 @@ SCRIPT = textwrap.dedent(
     import conveyor.torch as data
 
     out, scenario = sys.argv[1], sys.argv[2]
+    saved_state = sys.argv[3] if len(sys.argv) > 3 else None
     # Built before the process group: ShardedIterable reads torchrun's RANK and WORLD_SIZE itself.
     sharded = {
         "even-pad": data.ShardedIterable(list(range(23)), even="pad"),
@@ -86,6 +87,23 @@ SCRIPT = textwrap.dedent(
         evaluation = data.DataLoader(list(range(31)), batch_size=4, num_workers=2,
                                      sampler=data.DistributedSampler(list(range(31)), shuffle=True, even=False))
         result["evaluated"] = [i for batch in evaluation for i in batch.tolist()]
+    elif scenario in ("elastic-save", "elastic-resume"):
+        dataset = list(range(40))
+        loader = data.DataLoader(dataset, batch_size=4, num_workers=2,
+                                 sampler=data.DistributedSampler(dataset, shuffle=True, seed=5))
+        if saved_state:
+            with open(saved_state) as f:
+                loader.load_state_dict(json.load(f))
+        seen = []
+        for k, batch in enumerate(loader):
+            seen += batch.tolist()
+            step()
+            if scenario == "elastic-save" and k == 2:
+                if rank == 0:
+                    with open(os.path.join(out, "state.json"), "w") as f:
+                        json.dump(loader.state_dict(), f)
+                break
+        result["seen"] = seen
     elif scenario in ("raise", "kill"):
         loader = data.DataLoader(list(range(400)), batch_size=4, num_workers=2,
                                  sampler=data.DistributedSampler(list(range(400)), shuffle=False))
@@ -111,20 +129,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(tmp_path, scenario):
-    """Run the scenario on 2 ranks; (completed process, each rank's result or None)."""
-    out = tmp_path / scenario
+def _torchrun(tmp_path, scenario, ranks=2, *args):
+    """Run the scenario on ``ranks`` ranks; (completed process, each rank's result or None, its folder)."""
+    out = tmp_path / f"{scenario}-{ranks}"
     out.mkdir()
     script = out / "job.py"
     script.write_text(SCRIPT)
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-        "--master-port", str(_free_port()), "--monitor-interval", "0.2", str(script), str(out), scenario,
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
+        "--master-port", str(_free_port()), "--monitor-interval", "0.2", str(script), str(out), scenario, *args,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, cwd=out, capture_output=True, text=True, timeout=150)
     results = []
-    for rank in range(2):
+    for rank in range(ranks):
         path = out / f"rank-{rank}.json"
         results.append(json.loads(path.read_text()) if path.exists() else None)
     return done, results, out
@@ -199,3 +217,18 @@ def test_any_sampler_shared_out_and_evaluation_without_duplicates(tmp_path):
     assert len(results[0]["weighted"]) == len(results[1]["weighted"]) == 15
     evaluated = results[0]["evaluated"] + results[1]["evaluated"]
     assert sorted(evaluated) == list(range(31))  # every sample once: no padded duplicate
+
+
+@pytest.mark.parametrize("ranks_after", [1, 3])
+def test_state_saved_on_2_ranks_resumes_on_another_number_of_ranks(tmp_path, ranks_after):
+    done, saved, out = _torchrun(tmp_path, "elastic-save")
+    assert done.returncode == 0, done.stderr[-3000:]
+    consumed = saved[0]["seen"] + saved[1]["seen"]
+    assert len(consumed) == 24  # 3 batches of 4 on each of 2 ranks
+    done, resumed, _ = _torchrun(tmp_path, "elastic-resume", ranks_after, str(out / "state.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rest = [r["seen"] for r in resumed]
+    assert len({len(part) for part in rest}) == 1  # every rank as many: their all-reduces matched
+    everything = consumed + [i for part in rest for i in part]
+    assert set(everything) == set(range(40))
+    assert len(everything) - 40 == (-16) % ranks_after  # once each, but the padding that evens the ranks out

@@ -1181,3 +1181,65 @@ def test_iterable_dataset_resumes_with_in_order_false_too(Stream):
         rest = list(resumed)
     expected = sorted(items(DataLoader(Stream(), batch_size=3, seed=0, num_workers=2)))
     assert sorted(items(head) + items(rest)) == expected
+
+
+def _distributed_loader(n, replicas, rank, num_workers=0, module=None):
+    module = module or conveyor
+    dataset = list(range(n))
+    sampler = module.DistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True, seed=5)
+    return module.DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=num_workers)
+
+
+def _items(batches):
+    return [int(i) for batch in batches for i in np.asarray(batch).ravel()]
+
+
+@pytest.mark.parametrize("n, batches, saved_on, loaded_on", [(40, 3, 2, 3), (40, 3, 2, 1), (41, 2, 3, 2), (40, 4, 2, 4), (40, 5, 2, 3)])
+def test_a_state_saved_on_one_world_size_resumes_on_another(n, batches, saved_on, loaded_on):
+    consumed, states = [], []
+    for rank in range(saved_on):  # a synchronous job: every rank at the same batch
+        loader = _distributed_loader(n, saved_on, rank)
+        it = iter(loader)
+        consumed += _items(next(it) for _ in range(batches))
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    rest = []
+    for rank in range(loaded_on):  # each new rank loads rank 0's state
+        loader = _distributed_loader(n, loaded_on, rank, num_workers=2 if rank == 0 else 0)
+        loader.load_state_dict(states[0])
+        rest.append(_items(loader))
+    assert len({len(part) for part in rest}) == 1  # every new rank as many samples
+    seen = consumed + [i for part in rest for i in part]
+    assert set(seen) == set(range(n))  # the rest of the epoch covered...
+    padding = len(seen) - n
+    assert 0 <= padding < loaded_on  # ...once, but for the padding that evens the new ranks out
+    read_again = set(consumed) & {i for part in rest for i in part}
+    assert len(read_again) <= padding  # nothing consumed is read again, but for that padding
+    later = _distributed_loader(n, loaded_on, 0)
+    later.load_state_dict(states[0])
+    _items(later)
+    later.sampler.set_epoch(1)
+    assert len(_items(later)) == len(later.sampler) == -(-n // loaded_on)  # the next epoch is whole
+
+
+def test_the_resumed_epoch_of_another_size_saves_and_resumes_again():
+    n = 40
+    states = []
+    for rank in range(2):
+        loader = _distributed_loader(n, 2, rank)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        states.append(loader.state_dict())
+    on_three = _distributed_loader(n, 3, 0)
+    on_three.load_state_dict(states[0])
+    it = iter(on_three)
+    next(it)
+    mid = json.loads(json.dumps(on_three.state_dict()))
+    rest = _items(it)
+    again = _distributed_loader(n, 3, 0)
+    again.load_state_dict(mid)
+    assert _items(again) == rest  # the same size: exactly where it stood
+    back_on_two = [_distributed_loader(n, 2, rank) for rank in range(2)]
+    for loader in back_on_two:
+        loader.load_state_dict(mid)
+    assert len({len(_items(loader)) for loader in back_on_two}) == 1  # and yet another size

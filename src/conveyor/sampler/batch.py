@@ -16,6 +16,10 @@ from .resumable import _has_position, _Resumable
 from .samplers import Sampler
 
 
+def _is_int_value(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class _BatchRun:
     """One BatchSampler iteration: what replays the inner sampler's draw,
     items pulled since, and a fingerprint of the iteration's first batch."""
@@ -129,18 +133,23 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
         if inner is None or not self._inner_resumable():
             return
         if state["in_iteration"] and _has_position(inner) and inner["in_iteration"]:
-            inner = {**inner, "position": self._items_behind(state["position"], inner["position"])}
+            inner = {**inner, "position": self._items_behind(state["position"], inner)}
             self._resume.record = {**self._resume.record, "sampler": inner}
         self.sampler.load_state_dict(inner)  # type: ignore[union-attr]
 
-    def _items_behind(self, batches: int, saved_items: int) -> int:
+    def _items_behind(self, batches: int, inner: Mapping[str, Any]) -> int:
         """Inner items handed out for the first ``batches`` batches: all full
-        but the last of the iteration, which the inner sampler's end cuts."""
+        but the last of the iteration, which the inner sampler's end cuts (its
+        length when saved, where its state records one: a DistributedSampler's
+        share changes with the job's size)."""
         items = batches * self.batch_size
+        saved_length = inner.get("num_samples")
+        if _is_int_value(saved_length):
+            return min(items, saved_length)
         try:
             return min(items, len(self.sampler))  # type: ignore[arg-type]
         except TypeError:  # no len(): only lowering is possible
-            return min(items, saved_items)
+            return min(items, inner["position"])
 
     def pin_next_draw(self) -> None:
         """Forwarded to the inner sampler (see RandomSampler.pin_next_draw)."""

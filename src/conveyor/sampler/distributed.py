@@ -59,6 +59,27 @@ def _check_rank(num_replicas: Any, rank: Any) -> tuple[int, int]:
     return num_replicas, int(rank)
 
 
+class _Span:
+    """Where an epoch resumed by a job of another size starts: ``consumed``
+    items of the epoch's order were seen before, and this rank had reached
+    place ``offset`` of its iteration (its share of the rest follows)."""
+
+    __slots__ = ("consumed", "offset")
+
+    def __init__(self, consumed: int, offset: int):
+        self.consumed, self.offset = consumed, offset
+
+    @classmethod
+    def of(cls, record: Any) -> "_Span":
+        """From a state's record (None: a whole epoch)."""
+        if isinstance(record, Mapping) and _is_int(record.get("consumed")) and _is_int(record.get("offset")):
+            return cls(int(record["consumed"]), int(record["offset"]))
+        return cls(0, 0)
+
+    def record(self) -> Any:
+        return {"consumed": self.consumed, "offset": self.offset} if self.consumed else None
+
+
 class DistributedSampler(_Resumable, Sampler[int]):
     """This replica's share of the dataset indices, for data-parallel training.
 
@@ -124,6 +145,10 @@ class DistributedSampler(_Resumable, Sampler[int]):
         self.even = even
         self.num_samples = _per_replica(len(dataset), self.num_replicas, self.drop_last, self.rank, even)
         self.total_size = self.num_samples * self.num_replicas if even else len(dataset)
+        #: A state of a job of another size, loaded and waiting: (epoch, its span).
+        self._pending: tuple[int, _Span] | None = None
+        #: The iteration opened last: (epoch, its span).
+        self._current: tuple[int, _Span] | None = None
         self._init_progress()
 
     def _settings(self) -> dict[str, Any]:
@@ -139,22 +164,74 @@ class DistributedSampler(_Resumable, Sampler[int]):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this sampler stands (JSON values); ``rank`` is recorded but not checked on load."""
-        return {**super().state_dict(), "rank": self.rank}
+        """Where this sampler stands (JSON values); ``rank`` and ``num_samples``
+        (this rank's share) are recorded but not checked on load."""
+        return {**super().state_dict(), "rank": self.rank, "num_samples": self._length(self._span_now())}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` at the next ``__iter__`` (see _Resumable).
+
+        A state saved mid-epoch by a job of another size (``num_replicas``)
+        loads too. The ranks of a synchronous job stand at the same position,
+        and their shares interleave, so together they consumed a prefix of
+        the epoch's order; the resumed epoch gives this rank its share of the
+        rest (padded or cut for this job's size as usual): the rest of the
+        epoch is covered once, and nothing consumed is read again. Positions
+        go on from the saved one (the share is preceded by as many places as
+        this rank had consumed), so the loader's batch count and this
+        sampler's stay in step, and a state saved during that epoch resumes
+        it, on this job's size or on yet another. The epochs after it are whole.
+        """
         # A state without "even" was saved with padding (before even= existed, or with even=True).
         saved_even = state.get("even", True) if isinstance(state, Mapping) else True
         if saved_even != self.even:
             what = "the state was saved with another even= setting."
             raise _state_error(type(self).__name__, what, {"even": saved_even}, {"even": self.even})
+        self._pending = None
+        saved_replicas = state.get("num_replicas") if isinstance(state, Mapping) else None
+        if _is_int(saved_replicas) and saved_replicas != self.num_replicas and state.get("in_iteration") is True:
+            position, epoch = state.get("position"), state.get("epoch")
+            if not _is_int(position) or position < 0 or not _is_int(epoch):
+                what = "the state's position is malformed."
+                raise _state_error(type(self).__name__, what, {"position": position, "epoch": epoch}, {})
+            before = _Span.of(state.get("rng"))  # that job's own start, when it had resumed one of another size
+            consumed = min(before.consumed + (int(position) - before.offset) * saved_replicas, len(self.dataset))
+            self._pending = (int(epoch), _Span(consumed, int(position)))
+            # Every other setting must match.
+            super().load_state_dict({**state, "num_replicas": self.num_replicas, "rng": self._pending[1].record()})
+            return
+        span = _Span.of(state.get("rng") if isinstance(state, Mapping) else None)
+        if span.consumed and state.get("in_iteration") is True and _is_int(state.get("epoch")):
+            self._pending = (int(state["epoch"]), span)  # (its length decides how far the position may go)
         super().load_state_dict(state)
 
     def _open(self, epoch: int, record: Any) -> tuple[Any, Any]:
-        return epoch, None
+        """The epoch and its span: how much of its order jobs of other sizes
+        consumed before this one took over (none for a whole epoch); the
+        record, saved in the state, carries it."""
+        self._pending = None
+        span = _Span.of(record)
+        self._current = (epoch, span)
+        return (epoch, span), span.record()
+
+    def _span_now(self) -> "_Span":
+        """The span of the iteration loaded or running (that of a whole epoch when none)."""
+        if self._pending is not None:
+            return self._pending[1]
+        if self._current is not None and self._cursor is not None and not self._cursor.done:
+            return self._current[1]
+        return _Span(0, 0)
+
+    def _length(self, span: "_Span") -> int:
+        """Places in this rank's iteration: those before the span's share, then the share."""
+        if not span.consumed:
+            return self.num_samples
+        rest = len(self.dataset) - span.consumed
+        share = _per_replica(rest, self.num_replicas, self.drop_last, self.rank, self.even) if rest > 0 else 0
+        return span.offset + share
 
     def _max_position(self) -> int:
-        return self.num_samples
+        return self._length(self._span_now())
 
     def _epoch_order(self, epoch: int) -> list[int]:
         n = len(self.dataset)
@@ -169,14 +246,24 @@ class DistributedSampler(_Resumable, Sampler[int]):
             return TorchSource.from_seed(self.seed + epoch).permutation(n)
         return source_for(derive_seed(self.seed, epoch), self._flavor).permutation(n)
 
-    def _chunks(self, epoch: int) -> Iterator[list[int]]:
-        yield _shard(self._epoch_order(epoch), self.num_replicas, self.rank, self.drop_last, self.even)
+    def _chunks(self, context: tuple[int, "_Span"]) -> Iterator[list[Any]]:
+        epoch, span = context
+        order = self._epoch_order(epoch)
+        if not span.consumed:
+            yield _shard(order, self.num_replicas, self.rank, self.drop_last, self.even)
+            return
+        # The places before the share were consumed before the job changed size;
+        # the position the iteration resumes at (at least span.offset) skips them.
+        yield [None] * span.offset
+        rest = order[span.consumed :]
+        if rest:
+            yield _shard(rest, self.num_replicas, self.rank, self.drop_last, self.even)
 
     def __iter__(self) -> Iterator[int]:
         return self._iterate()
 
     def __len__(self) -> int:
-        return self.num_samples
+        return self._length(self._span_now())
 
 
 class ShardedSampler(_Resumable, Sampler[Any]):
