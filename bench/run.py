@@ -28,6 +28,9 @@ Workloads:
   i  data-parallel: 2 ranks under torchrun (gloo), each with its own loader
      and 1 worker, an all-reduce after every batch (bench/distributed.py).
      batches/s per rank.
+  j  reads that wait: each sample waits 20 ms (a remote read), batch 32,
+     2 workers; conveyor reading 8 samples at a time per worker
+     (reads_in_flight=8), and one after another, against torch. samples/s.
   h  the cost of stats: (b) through conveyor with collect_stats on and off,
      10,000 batches a run, twice the rounds (the difference is small, the
      noise is not): batches/s ("overhead": 1 - the median of each round's
@@ -129,6 +132,21 @@ def run_small_stats(kind: str, batches: int) -> dict:
     del it
     gc.collect()
     return {"rate": rate, "cpu_us": (cpu_s() - cpu_before) / (count + 1) * 1e6}
+
+
+def run_waiting(kind: str, batches: int) -> float:
+    """Samples per second of samples that each wait 20 ms: torch with 2
+    workers; conveyor with 2 workers reading 8 samples at a time in threads
+    ("conveyor"), or one after another ("conveyor_processes")."""
+    dataset = workloads.Waits(32 * (batches + 1))
+    if kind == "torch":
+        loader = _loader("torch", dataset, batch_size=32, num_workers=2)
+    else:
+        import conveyor.torch as ct
+
+        reads = 8 if kind == "conveyor" else 1
+        loader = ct.DataLoader(dataset, batch_size=32, num_workers=2, reads_in_flight=reads)
+    return _rate(loader, lambda batch: len(batch))
 
 
 def run_images(kind: str, root: str) -> float:
@@ -337,7 +355,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=5, help="A B rounds per workload (default 5)")
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i", help="comma-separated workloads to run")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j", help="comma-separated workloads to run")
     args = parser.parse_args()
     only = set(args.only.split(","))
     import torch
@@ -377,6 +395,12 @@ def main() -> int:
             work["e_peak_memory_pss_MB"] = _alternate(lambda k: run_memory(k, tmp, 60, "pss"), rounds)
         if "h" in only:
             work.update(stats_overhead(2 * args.rounds))
+        if "j" in only:
+            waiting = _alternate(lambda k: run_waiting(k, 6), args.rounds, ("conveyor", "torch"))
+            processes = _alternate(lambda k: run_waiting(k, 6), args.rounds, ("conveyor_processes", "torch"))
+            # The limit: 2 workers x 8 reads in flight, each 20 ms.
+            work["j_waiting_samples_per_s"] = {**waiting, "limit": 2 * 8 / 0.02}
+            work["j_waiting_processes_only_samples_per_s"] = processes
         if "g" in only:
             with _torch_threads(default_threads):
                 work["g_torch_aug_samples_per_s"] = _alternate(lambda k: run_torch_augmented(k, 40), args.rounds)

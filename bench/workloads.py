@@ -65,3 +65,20 @@ class TorchAugmented:
         mean = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
         std = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
         return (image - mean) / std, i % 1000
+
+
+class Waits:
+    """Map-style: sample ``i`` is a small array, after waiting ``seconds``
+    (as a read from a remote store would: time, but no CPU)."""
+
+    def __init__(self, n: int, seconds: float = 0.02):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        import time
+
+        time.sleep(self.seconds)
+        return np.full(16, i, dtype=np.int64)

@@ -71,6 +71,13 @@ def check_stall_warning(stall_warning: Any) -> None:
         raise ValueError("stall_warning option should be non-negative (conveyor: 0 turns the warning off)")
 
 
+def check_reads_in_flight(reads_in_flight: Any) -> None:
+    if not is_int(reads_in_flight) or reads_in_flight < 1:
+        raise ValueError(
+            f"reads_in_flight must be a positive int (samples of a batch read at once), got {reads_in_flight!r}"
+        )
+
+
 def check_stats(collect_stats: Any, progress: Any) -> None:
     for name, value in (("collect_stats", collect_stats), ("progress", progress)):
         if not isinstance(value, bool):

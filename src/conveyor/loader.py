@@ -69,6 +69,13 @@ class DataLoader(Generic[T_co]):
       (default True; the cost is within measurement noise, bench workload h).
     * ``progress``: show a live tqdm bar per pass (samples/s, data wait,
       workers busy, ETA). Needs tqdm.
+    * ``reads_in_flight``: read up to this many samples of a batch at once,
+      in threads of each worker (or of the main process with
+      ``num_workers=0``), for a map-style ``__getitem__`` that waits on
+      storage or a network (default 1: one after another). Batches are the
+      same; a ``__getitem__`` that draws from the global ``random`` /
+      ``numpy.random`` generators is then no longer reproducible (threads
+      share them), so draw from a generator seeded by the index instead.
 
     Example::
 
@@ -114,10 +121,12 @@ class DataLoader(Generic[T_co]):
         stall_warning: float = 300.0,
         collect_stats: bool = True,
         progress: bool = False,
+        reads_in_flight: int = 1,
     ) -> None:
         _args.check_workers(num_workers, timeout, prefetch_factor, persistent_workers)
         _args.check_stall_warning(stall_warning)
         _args.check_stats(collect_stats, progress)
+        _args.check_reads_in_flight(reads_in_flight)
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         iterable = _args.check_dataset(dataset)
@@ -165,6 +174,7 @@ class DataLoader(Generic[T_co]):
         self.generator = generator
         self.seed = seed
         self.stall_warning = stall_warning
+        self.reads_in_flight = reads_in_flight
         self._iterable = iterable
 
         if sampler is None:
@@ -398,6 +408,7 @@ class DataLoader(Generic[T_co]):
             collate_fn=self.collate_fn,
             collate_into=collate_into,
             to_torch=to_torch,
+            reads_in_flight=self.reads_in_flight,
         )
 
     def _start_method(self) -> str:

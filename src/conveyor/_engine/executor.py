@@ -213,6 +213,9 @@ class InProcessExecutor:
     def shutdown(self) -> None:
         self._tasks = iter(())
         self.close_clock()
+        close = getattr(self._fetcher, "close", None)
+        if close is not None:
+            close()  # (the reading threads of reads_in_flight)
 
 
 def _timings(task: PlannedBatch, clock: StageClock, cpu_s: float, cpu_wait_s: float) -> Timings:

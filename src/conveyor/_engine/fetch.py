@@ -6,6 +6,7 @@ which is what makes a batch the same whatever the number of workers.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
@@ -51,6 +52,9 @@ class FetchSpec:
     #: The main process turns numpy leaves into tensors (``to_torch``) to
     #: give what ``collate_fn`` would have given.
     to_torch: bool = False
+    #: Samples of one batch read at once, in threads of the loading process
+    #: (``DataLoader(reads_in_flight=)``); 1: one after another.
+    reads_in_flight: int = 1
 
     def collate(self, samples: Any, allocate: Optional[Allocate]) -> Any:
         """``collate_fn(samples)``, or the numpy route into ``allocate`` when
@@ -81,10 +85,13 @@ def collate_route(collate_fn: Callable[[Any], Any]) -> tuple[Optional[Callable[[
 
 
 class MapFetcher:
-    """Map-style dataset: a task's indices name the samples."""
+    """Map-style dataset: a task's indices name the samples; with
+    ``reads_in_flight > 1``, a batch's samples are read in a pool of that
+    many threads (made on first use, in the process that loads), in order."""
 
     def __init__(self, spec: FetchSpec, worker_id: int = 0):
         self.spec = spec
+        self._readers: Optional[ThreadPoolExecutor] = None
 
     def seed_for(self, task_seed: Optional[int]) -> Optional[int]:
         """A map-style task carries its batch's seed: derive_seed(base_seed, batch index)."""
@@ -94,6 +101,9 @@ class MapFetcher:
         spec = self.spec
         if not spec.auto_collation:
             samples, count = spec.dataset[indices], 1
+        elif spec.reads_in_flight > 1 and not hasattr(spec.dataset, "__getitems__"):
+            samples = self._read_concurrently(indices)
+            count = len(samples)
         elif allocate is not None and spec.collate_into is not None and not hasattr(spec.dataset, "__getitems__"):
             # Each sample's arrays go into the batch while still in cache (RowPlacer).
             samples = [allocate.place(spec.dataset[i], k) for k, i in enumerate(indices)]
@@ -102,6 +112,22 @@ class MapFetcher:
             samples = fetch_many(spec.dataset, indices)
             count = len(samples)
         return _collate_timed(spec, samples, count, allocate, clock)
+
+    def _read_concurrently(self, indices: Any) -> list:
+        """``[dataset[i] for i in indices]``, up to ``reads_in_flight`` at a
+        time; the first failing read (in index order) raises, after the
+        others of the batch have finished."""
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(self.spec.reads_in_flight, thread_name_prefix="conveyor-read")
+        futures = [self._readers.submit(self.spec.dataset.__getitem__, i) for i in indices]
+        wait(futures)
+        return [future.result() for future in futures]
+
+    def close(self) -> None:
+        """Stop the reading threads (when there are any); safe to call twice."""
+        readers, self._readers = self._readers, None
+        if readers is not None:
+            readers.shutdown(wait=True)
 
 
 class IterableFetcher:
