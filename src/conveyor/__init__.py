@@ -7,6 +7,7 @@ same API returning torch tensors::
     import conveyor.torch as data       # drop-in for torch.utils.data
 """
 
+from .compact import CompactList
 from .collate import PadCollate, default_collate, default_convert, register_collate
 from .dataset import (
     ChainDataset,
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchSampler",
     "ChainDataset",
+    "CompactList",
     "ConcatDataset",
     "DataLoader",
     "Dataset",

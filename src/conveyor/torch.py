@@ -34,6 +34,7 @@ from . import dataset as _dataset
 from . import loader as _loader
 from . import sampler as _sampler
 from . import sharding as _sharding
+from .compact import CompactList  # noqa: F401  (re-exported)
 from .state import Stateful  # noqa: F401  (re-exported)
 from ._engine.info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
 from ._engine.errors import TransportError, WorkerDiedError  # noqa: F401  (re-exported)
