@@ -81,6 +81,8 @@ class RandomSource(Protocol):
 
     def permutation(self, n: int) -> list[int]: ...
 
+    def permutation_array(self, n: int) -> np.ndarray: ...
+
     def randint(self, high: int, size: int) -> list[int]: ...
 
     def multinomial(self, weights: Sequence[float], num_samples: int, replacement: bool) -> list[int]: ...
@@ -108,6 +110,10 @@ class NumpySource:
 
     def permutation(self, n: int) -> list[int]:
         return self.generator.permutation(n).tolist()
+
+    def permutation_array(self, n: int) -> np.ndarray:
+        """The same draw as :meth:`permutation`, as an int64 array."""
+        return self.generator.permutation(n)
 
     def randint(self, high: int, size: int) -> list[int]:
         return self.generator.integers(0, high, size=size, dtype=np.int64).tolist()
@@ -169,6 +175,10 @@ class TorchSource:
 
     def permutation(self, n: int) -> list[int]:
         return self._torch.randperm(n, generator=self.generator).tolist()
+
+    def permutation_array(self, n: int) -> np.ndarray:
+        """The same draw as :meth:`permutation`, as an int64 array."""
+        return self._torch.randperm(n, generator=self.generator).numpy()
 
     def randint(self, high: int, size: int) -> list[int]:
         t = self._torch

@@ -69,6 +69,20 @@ class _Cursor:
         self._base += 1
 
 
+#: Items per chunk when a long draw is handed out in pieces (see in_blocks).
+BLOCK_ITEMS = 1 << 16
+
+
+def in_blocks(array: Any) -> Iterator[list[int]]:
+    """An int64 array of indices as lists of Python ints, ``BLOCK_ITEMS`` at
+    a time: an epoch's permutation of millions stays one array (8 bytes an
+    index, against about 36 for a list of Python ints, held by the main
+    process for the whole epoch). The draw happened before; each block is
+    one chunk, so resuming skips blocks without converting them."""
+    for start in range(0, len(array), BLOCK_ITEMS):
+        yield array[start : start + BLOCK_ITEMS].tolist()
+
+
 def _drop(chunks: Iterable[Sequence[Any]], skip: int) -> Iterator[Sequence[Any]]:
     """``chunks`` without their first ``skip`` items; every chunk is still drawn."""
     for chunk in chunks:

@@ -17,7 +17,7 @@ from conveyor.rng import derive_seed, source_for
 
 from .arguments import _check_bool, _check_int, _check_positive_int
 from .draws import _DrawsFromGenerator
-from .resumable import _Resumable
+from .resumable import _Resumable, in_blocks
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -193,9 +193,10 @@ class RandomSampler(_DrawsFromGenerator, Sampler[int]):
             yield source.randint(n, total % _REPLACEMENT_CHUNK_ITEMS)
         else:
             for _ in range(total // n):
-                yield source.permutation(n)
+                yield from in_blocks(source.permutation_array(n))
             # Drawn even when empty: torch draws it, and the generator must stay in step.
-            yield source.permutation(n)[: total % n]
+            tail = source.permutation_array(n)[: total % n]
+            yield from in_blocks(tail) if len(tail) else iter([[]])
 
     def __iter__(self) -> Iterator[int]:
         return self._iterate()
