@@ -31,6 +31,9 @@ Workloads:
   j  reads that wait: each sample waits 20 ms (a remote read), batch 32,
      2 workers; conveyor reading 8 samples at a time per worker
      (reads_in_flight=8), and one after another, against torch. samples/s.
+  k  memory of a dataset holding 5 million file names in a Python list, and
+     in a conveyor.CompactList, read by 2 forked workers: PSS growth of the
+     job over an epoch (bench/list_memory.py). MB.
   h  the cost of stats: (b) through conveyor with collect_stats on and off,
      10,000 batches a run, twice the rounds (the difference is small, the
      noise is not): batches/s ("overhead": 1 - the median of each round's
@@ -355,7 +358,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=5, help="A B rounds per workload (default 5)")
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j", help="comma-separated workloads to run")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k", help="comma-separated workloads to run")
     args = parser.parse_args()
     only = set(args.only.split(","))
     import torch
@@ -408,6 +411,10 @@ def main() -> int:
         import resume
 
         report["resume"] = resume.run(resume.parse_args(["--repeats", str(args.rounds)]))
+    if "k" in only:
+        import list_memory
+
+        report["list_memory"] = list_memory.run(list_memory.parse_args([]))
     if "i" in only:
         import distributed
 
@@ -431,6 +438,8 @@ def main() -> int:
             print(f"{name:28s} {first} {r[first]:>10.4g}  {second} {r[second]:>10.4g}  ratio {r['ratio']:.2f}")
         if "resume" in report:
             print("f_resume: " + json.dumps(report["resume"]))
+        for name, result in report.get("list_memory", {}).get("results", {}).items():
+            print(f"k_list_memory {name}: +{result['growth_MB']} MB")
         for rank in report.get("distributed", {}).get("ranks", []):
             print(f"i_distributed rank {rank['rank']}: conveyor {rank['conveyor']:,.0f}  torch {rank['torch']:,.0f}  ratio {rank['ratio']:.2f}")
     return 0
