@@ -1243,3 +1243,37 @@ def test_the_resumed_epoch_of_another_size_saves_and_resumes_again():
     for loader in back_on_two:
         loader.load_state_dict(mid)
     assert len({len(_items(loader)) for loader in back_on_two}) == 1  # and yet another size
+
+
+class _FirstBatchSlow:
+    """Map-style ``list(range(n))`` whose sample ``slow`` takes half a second."""
+
+    def __init__(self, n: int, slow: int):
+        self.n, self.slow = n, slow
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.slow:
+            time.sleep(0.5)
+        return i
+
+
+@pytest.mark.timeout(60)
+def test_a_state_with_batches_delivered_ahead_does_not_load_on_another_number_of_ranks():
+    def loader(replicas):
+        sampler = conveyor.DistributedSampler(range(40), num_replicas=replicas, rank=0, shuffle=False)
+        return conveyor.DataLoader(_FirstBatchSlow(40, 0), batch_size=4, sampler=sampler, num_workers=2, in_order=False)
+
+    saving = loader(2)
+    it = iter(saving)
+    first = next(it)  # batch 1: batch 0 is still loading
+    assert first.tolist() != [0, 2, 4, 6]
+    state = saving.state_dict()
+    assert state["delivered_ahead"]
+    del it
+    with pytest.raises(ValueError, match="delivered ahead"):
+        loader(3).load_state_dict(state)
+    same = loader(2)
+    same.load_state_dict(state)  # on the number of ranks that saved it, it loads

@@ -375,6 +375,12 @@ class ResumeTracker:
         jumps = _has_position(state["sampler"])
         with _undone_on_failure(view, state["dataset_state"] is not None):
             _apply(view, state, replays=in_epoch and not jumps)
+            if ahead and getattr(view.index_sampler, "loaded_from_another_size", False):
+                raise ValueError(
+                    "DataLoader.load_state_dict: the state was saved with in_order=False and names batches "
+                    f"delivered ahead of position {position} ({sorted(ahead)}); on another number of ranks those "
+                    "are other batches. Resume on the number of ranks that saved it, or save with in_order=True."
+                )
         if in_epoch:
             _warn_fast_forward(view, epoch, copies)
         self.epoch = epoch

@@ -151,6 +151,11 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
         except TypeError:  # no len(): only lowering is possible
             return min(items, inner["position"])
 
+    @property
+    def loaded_from_another_size(self) -> bool:
+        """Whether the inner sampler took the state loaded last from a data-parallel job of another size."""
+        return bool(getattr(self.sampler, "loaded_from_another_size", False))
+
     def pin_next_draw(self) -> None:
         """Forwarded to the inner sampler (see RandomSampler.pin_next_draw)."""
         pin = getattr(self.sampler, "pin_next_draw", None)

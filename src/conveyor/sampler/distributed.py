@@ -149,6 +149,8 @@ class DistributedSampler(_Resumable, Sampler[int]):
         self._pending: tuple[int, _Span] | None = None
         #: The iteration opened last: (epoch, its span).
         self._current: tuple[int, _Span] | None = None
+        #: Whether the state loaded last came from a job of another size.
+        self.loaded_from_another_size = False
         self._init_progress()
 
     def _settings(self) -> dict[str, Any]:
@@ -188,6 +190,7 @@ class DistributedSampler(_Resumable, Sampler[int]):
             what = "the state was saved with another even= setting."
             raise _state_error(type(self).__name__, what, {"even": saved_even}, {"even": self.even})
         self._pending = None
+        self.loaded_from_another_size = False
         saved_replicas = state.get("num_replicas") if isinstance(state, Mapping) else None
         if _is_int(saved_replicas) and saved_replicas != self.num_replicas and state.get("in_iteration") is True:
             position, epoch = state.get("position"), state.get("epoch")
@@ -197,6 +200,7 @@ class DistributedSampler(_Resumable, Sampler[int]):
             before = _Span.of(state.get("rng"))  # that job's own start, when it had resumed one of another size
             consumed = min(before.consumed + (int(position) - before.offset) * saved_replicas, len(self.dataset))
             self._pending = (int(epoch), _Span(consumed, int(position)))
+            self.loaded_from_another_size = True
             # Every other setting must match.
             super().load_state_dict({**state, "num_replicas": self.num_replicas, "rng": self._pending[1].record()})
             return
