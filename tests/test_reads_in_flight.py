@@ -62,9 +62,12 @@ def test_reads_overlap_and_batches_are_the_same(num_workers):
     assert 1 < in_flight <= 4
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_failing_read_is_that_batchs_error_and_iteration_goes_on(num_workers):
-    loader = conveyor.DataLoader(CountsReads(24, fail_at=10), batch_size=8, num_workers=num_workers, reads_in_flight=4)
+@pytest.mark.parametrize("num_workers, method", [(0, None), (2, "fork"), (2, "spawn")])
+def test_a_failing_read_is_that_batchs_error_and_iteration_goes_on(num_workers, method):
+    loader = conveyor.DataLoader(
+        CountsReads(24, fail_at=10), batch_size=8, num_workers=num_workers, reads_in_flight=4,
+        multiprocessing_context=method,
+    )  # fmt: skip
     it = iter(loader)
     assert next(it)[:, 0].tolist() == list(range(8))
     with pytest.raises(KeyError, match="sample 10 is missing"):

@@ -109,7 +109,7 @@ class NumpySource:
         return cls(np.random.Generator(np.random.PCG64(seed)))
 
     def permutation(self, n: int) -> list[int]:
-        return self.generator.permutation(n).tolist()
+        return self.permutation_array(n).tolist()
 
     def permutation_array(self, n: int) -> np.ndarray:
         """The same draw as :meth:`permutation`, as an int64 array."""
@@ -174,7 +174,7 @@ class TorchSource:
         return cls(g)
 
     def permutation(self, n: int) -> list[int]:
-        return self._torch.randperm(n, generator=self.generator).tolist()
+        return self.permutation_array(n).tolist()
 
     def permutation_array(self, n: int) -> np.ndarray:
         """The same draw as :meth:`permutation`, as an int64 array."""

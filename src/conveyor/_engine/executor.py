@@ -71,8 +71,8 @@ class Timings(NamedTuple):
     the in-process executor) and the main process's (``delivery``: a packed
     DeliveryTimes). One is made and recorded per batch, so it is kept as
     bytes, which cost next to nothing to make, keep and add up in bulk
-    (stats/recorder.py reads many at once with numpy); read a field by name
-    (``timings.fetch_s``) or all of them (:meth:`fields`).
+    (stats/recorder.py reads many at once with numpy); :meth:`fields`
+    unpacks them all, by name.
 
     Times are ``time.perf_counter()`` readings, a clock every process of
     the machine shares on Linux, so a worker's spans line up with the main
@@ -100,16 +100,6 @@ class Timings(NamedTuple):
         return self._replace(delivery=pack_delivery_times(*values))
 
 
-def _field(part: int, unpack: Any, index: int) -> property:
-    """Field ``index`` of the packed ``part`` (0: loading, 1: delivery)."""
-    return property(lambda timings: unpack(timings[part])[index])
-
-
-# Timings.fetch_s, Timings.queue_s, ...: every field of both parts, by name.
-for _index, _name in enumerate(LoadTimes._fields):
-    setattr(Timings, _name, _field(0, unpack_load_times, _index))
-for _index, _name in enumerate(DeliveryTimes._fields):
-    setattr(Timings, _name, _field(1, unpack_delivery_times, _index))
 
 
 class Delivered(NamedTuple):

@@ -68,9 +68,6 @@ class LoadTimes(NamedTuple):
     cpu_s: float
     cpu_wait_s: float
 
-    @classmethod
-    def unpack(cls, packed: bytes) -> "LoadTimes":
-        return cls._make(unpack_load_times(packed))
 
 
 _PACKED_LOAD_TIMES = struct.Struct("<q6d")
