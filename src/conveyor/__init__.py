@@ -17,7 +17,6 @@ from .dataset import (
     StackDataset,
     Subset,
     TensorDataset,
-    random_split,
 )
 from .loader import DataLoader
 from .rng import derive_seed
@@ -36,6 +35,7 @@ from ._engine.errors import TransportError, WorkerDiedError
 from ._engine.info import WorkerInfo, get_worker_info
 from ._engine.watchdog import StallWarning
 from .sharding import ShardedIterable
+from .splits import random_split
 from .state import Stateful
 
 __version__ = "0.1.0"

@@ -34,6 +34,7 @@ from . import dataset as _dataset
 from . import loader as _loader
 from . import sampler as _sampler
 from . import sharding as _sharding
+from . import splits as _splits
 from .compact import CompactList  # noqa: F401  (re-exported)
 from .state import Stateful  # noqa: F401  (re-exported)
 from ._engine.info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
@@ -96,7 +97,7 @@ def random_split(
     """
     if generator is None:
         generator = _torch.default_generator
-    return [Subset(part.dataset, part.indices) for part in _dataset.random_split(dataset, lengths, generator=generator)]
+    return [Subset(part.dataset, part.indices) for part in _splits.random_split(dataset, lengths, generator=generator)]
 
 
 _T_co = TypeVar("_T_co", covariant=True)
