@@ -14,7 +14,8 @@ Workloads:
      consumer copies every byte of each batch (as a copy to a GPU would). GB/s.
   b  small batches: int samples, batch 32, 2 workers. batches/s.
   c  image pipeline: JPEG decode, random crop, flip (Pillow), batch 32,
-     2 workers. samples/s.
+     2 workers. samples/s. Its ceiling on two cores: twice the rate of the
+     same pipeline in one process without a loader, measured in the run.
   d  time to the first batch under spawn, in a fresh script that imports torch. s.
   e  peak memory of (a): resident memory of the main process plus workers,
      sampled every 10 ms. MB.
@@ -29,11 +30,15 @@ Workloads:
      and 1 worker, an all-reduce after every batch (bench/distributed.py).
      batches/s per rank.
   j  reads that wait: each sample waits 20 ms (a remote read), batch 32,
-     2 workers; conveyor reading 8 samples at a time per worker
-     (reads_in_flight=8), and one after another, against torch. samples/s.
+     torch with 2 workers; conveyor with 2 worker processes reading 8
+     samples at a time (reads_in_flight=8), one after another, and with 8
+     worker threads reading 4 at a time (worker_method="thread"); each
+     against its limit (reads in flight / 20 ms). samples/s.
   k  memory of a dataset holding 5 million file names in a Python list, and
      in a conveyor.CompactList, read by 2 forked workers: PSS growth of the
      job over an epoch (bench/list_memory.py). MB.
+  l  one 2 GB sample per batch (made anew), 4 batches, 2 workers; the
+     consumer reads a byte of every page. Seconds from iter() to the end.
   h  the cost of stats: (b) through conveyor with collect_stats on and off,
      10,000 batches a run, twice the rounds (the difference is small, the
      noise is not): batches/s ("overhead": 1 - the median of each round's
@@ -137,19 +142,43 @@ def run_small_stats(kind: str, batches: int) -> dict:
     return {"rate": rate, "cpu_us": (cpu_s() - cpu_before) / (count + 1) * 1e6}
 
 
+#: Workload j's conveyor set-ups: DataLoader arguments, and the reads in flight they allow.
+WAITING = {
+    "conveyor": ({"num_workers": 2, "reads_in_flight": 8}, 16),
+    "conveyor_processes": ({"num_workers": 2}, 2),
+    "conveyor_threads": ({"num_workers": 8, "worker_method": "thread", "reads_in_flight": 4}, 32),
+}
+
+
 def run_waiting(kind: str, batches: int) -> float:
     """Samples per second of samples that each wait 20 ms: torch with 2
-    workers; conveyor with 2 workers reading 8 samples at a time in threads
-    ("conveyor"), or one after another ("conveyor_processes")."""
-    dataset = workloads.Waits(32 * (batches + 1))
+    worker processes; conveyor as WAITING says (2 processes reading 8
+    samples at a time; 2 processes reading one after another; 8 worker
+    threads reading 4 at a time)."""
     if kind == "torch":
-        loader = _loader("torch", dataset, batch_size=32, num_workers=2)
+        loader = _loader("torch", workloads.Waits(32 * (batches + 1)), batch_size=32, num_workers=2)
     else:
         import conveyor.torch as ct
 
-        reads = 8 if kind == "conveyor" else 1
-        loader = ct.DataLoader(dataset, batch_size=32, num_workers=2, reads_in_flight=reads)
+        settings, in_flight = WAITING[kind]
+        batches = batches * max(1, in_flight // 8)  # (as long a run as the others)
+        loader = ct.DataLoader(workloads.Waits(32 * (batches + 1)), batch_size=32, **settings)
     return _rate(loader, lambda batch: len(batch))
+
+
+def run_huge(kind: str, batches: int = 4) -> float:
+    """Seconds from iter() to the end of ``batches`` batches of one 2 GB
+    sample each, 2 workers; the consumer reads one byte in every page (as
+    a copy to a device would touch them all)."""
+    loader = _loader(kind, workloads.Huge(batches), batch_size=1, num_workers=2)
+    start = time.perf_counter()
+    total = 0
+    for batch in loader:
+        total += int(batch.numpy()[0, ::4096].sum())
+    elapsed = time.perf_counter() - start
+    del loader
+    gc.collect()
+    return elapsed
 
 
 def run_images(kind: str, root: str) -> float:
@@ -158,6 +187,24 @@ def run_images(kind: str, root: str) -> float:
 
     loader = _loader(kind, ImageFolder(root, crop=224), batch_size=32, num_workers=2, shuffle=True)
     return _rate(loader, lambda batch: len(batch[1]))
+
+
+def single_process_images(root: str, samples: int = 600) -> float:
+    """Samples per second of (c)'s pipeline in one process, no loader: the
+    dataset's own rate, collated in batches of 32 (twice this is the
+    two-core ceiling of (c))."""
+    import torch
+    import torch.utils.data as tud
+    from conveyor.cli.demo import ImageFolder
+
+    dataset = ImageFolder(root, crop=224)
+    order = np.random.default_rng(0).permutation(len(dataset))[:samples]
+    tud.default_collate([dataset[int(i)] for i in order[:32]])  # warm
+    start = time.perf_counter()
+    for k in range(0, len(order), 32):
+        tud.default_collate([dataset[int(i)] for i in order[k : k + 32]])
+    del torch
+    return len(order) / (time.perf_counter() - start)
 
 
 def run_torch_augmented(kind: str, batches: int) -> float:
@@ -358,7 +405,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=5, help="A B rounds per workload (default 5)")
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k", help="comma-separated workloads to run")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l", help="comma-separated workloads to run")
     args = parser.parse_args()
     only = set(args.only.split(","))
     import torch
@@ -390,6 +437,12 @@ def main() -> int:
             for path in Path(root).rglob("*.jpg"):  # both loaders then find the files in the page cache
                 path.read_bytes()
             work["c_image_samples_per_s"] = _alternate(lambda k: run_images(k, str(root)), args.rounds)
+            # The ceiling on two cores: twice one process's rate, measured now (median of 3).
+            single = statistics.median(single_process_images(str(root)) for _ in range(3))
+            work["c_image_samples_per_s"]["ceiling"] = round(2 * single, 1)
+            work["c_image_samples_per_s"]["fraction_of_ceiling"] = round(
+                work["c_image_samples_per_s"]["conveyor"] / (2 * single), 3
+            )
         if "d" in only:
             work["d_first_batch_spawn_s"] = _alternate(lambda k: run_first_batch(k, tmp), args.rounds)
         if "e" in only:
@@ -399,11 +452,16 @@ def main() -> int:
         if "h" in only:
             work.update(stats_overhead(2 * args.rounds))
         if "j" in only:
-            waiting = _alternate(lambda k: run_waiting(k, 6), args.rounds, ("conveyor", "torch"))
-            processes = _alternate(lambda k: run_waiting(k, 6), args.rounds, ("conveyor_processes", "torch"))
-            # The limit: 2 workers x 8 reads in flight, each 20 ms.
-            work["j_waiting_samples_per_s"] = {**waiting, "limit": 2 * 8 / 0.02}
-            work["j_waiting_processes_only_samples_per_s"] = processes
+            # Each with its limit: the reads in flight, each taking 20 ms.
+            for kind, name in (
+                ("conveyor", "j_waiting_samples_per_s"),
+                ("conveyor_processes", "j_waiting_processes_only_samples_per_s"),
+                ("conveyor_threads", "j_waiting_thread_workers_samples_per_s"),
+            ):
+                result = _alternate(lambda k: run_waiting(k, 6), args.rounds, (kind, "torch"))
+                work[name] = {**result, "limit": WAITING[kind][1] / 0.02}
+        if "l" in only:
+            work["l_huge_sample_s"] = _alternate(lambda k: run_huge(k), max(2, args.rounds // 2))
         if "g" in only:
             with _torch_threads(default_threads):
                 work["g_torch_aug_samples_per_s"] = _alternate(lambda k: run_torch_augmented(k, 40), args.rounds)

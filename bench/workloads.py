@@ -82,3 +82,17 @@ class Waits:
 
         time.sleep(self.seconds)
         return np.full(16, i, dtype=np.int64)
+
+
+class Huge:
+    """Sample ``i``: ``nbytes`` of uint8, made anew (a whole volume, a long
+    video), one per batch."""
+
+    def __init__(self, n: int, nbytes: int = 2 << 30):
+        self.n, self.nbytes = n, nbytes
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(self.nbytes, i % 251, dtype=np.uint8)

@@ -19,7 +19,7 @@ from .dataset import (
     TensorDataset,
 )
 from .loader import DataLoader
-from .rng import derive_seed
+from .rng import SampleRandom, derive_seed, sample_rng
 from .sampler import (
     BatchSampler,
     DistributedSampler,
@@ -51,6 +51,7 @@ __all__ = [
     "IterableDataset",
     "PadCollate",
     "RandomSampler",
+    "SampleRandom",
     "Sampler",
     "SequentialSampler",
     "ShardedIterable",
@@ -72,4 +73,5 @@ __all__ = [
     "get_worker_info",
     "random_split",
     "register_collate",
+    "sample_rng",
 ]

@@ -5,10 +5,12 @@ fix, with torch's words first where torch has a message for it.
 
 from __future__ import annotations
 
+import multiprocessing
 import numbers
 from typing import Any
 
 from ._engine import portable
+from ._engine.launch import START_METHODS
 from .dataset import is_iterable_dataset, is_map_dataset
 
 
@@ -24,7 +26,51 @@ def check_iterable(value: Any, name: str) -> None:
         )
 
 
-def check_workers(num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: bool) -> None:
+#: DataLoader(worker_method=): worker processes, or threads of the main process.
+WORKER_METHODS = ("multiprocessing", "thread")
+
+
+def check_worker_method(worker_method: Any) -> None:
+    if worker_method not in WORKER_METHODS:
+        raise ValueError(
+            f"worker_method must be one of {WORKER_METHODS!r} (worker processes, or threads of this "
+            f"process for datasets that wait on I/O), got {worker_method!r}"
+        )
+
+
+def check_multiprocessing_context(context: Any, num_workers: int, worker_method: str) -> Any:
+    """The start method's context object (as torch keeps it), or None."""
+    if context is None:
+        return None
+    if num_workers == 0:
+        raise ValueError(
+            f"multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+            f"but got num_workers={num_workers}"
+        )
+    if worker_method == "thread":
+        raise ValueError(
+            "multiprocessing_context chooses how worker processes start, and worker_method='thread' starts "
+            "none; drop one of them"
+        )
+    if isinstance(context, str):
+        valid = [m for m in START_METHODS if m in multiprocessing.get_all_start_methods()]
+        if context not in valid:
+            raise ValueError(
+                f"multiprocessing_context option should specify a valid start method in {valid!r}, "
+                f"but got multiprocessing_context={context!r}"
+            )
+        return multiprocessing.get_context(context)
+    if not isinstance(context, multiprocessing.context.BaseContext):
+        raise TypeError(
+            f"multiprocessing_context option should be a valid context object or a string "
+            f"specifying the start method, but got multiprocessing_context={context}"
+        )
+    return context
+
+
+def check_workers(
+    num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: bool, worker_method: str = "multiprocessing"
+) -> None:
     if not is_int(num_workers):
         raise TypeError(f"num_workers must be an int, got {type(num_workers).__name__} ({num_workers!r})")
     if num_workers < 0:
@@ -52,7 +98,7 @@ def check_workers(num_workers: Any, timeout: Any, prefetch_factor: Any, persiste
                 "prefetch_factor=0 would keep no batch in flight and load nothing; use 1 or more "
                 "(the default is 2)"
             )
-    if num_workers > 0:
+    if num_workers > 0 and worker_method != "thread":
         unsupported = portable.workers_unsupported()
         if unsupported is not None:
             raise NotImplementedError(unsupported)

@@ -3,8 +3,8 @@ the samplers, and one iteration per ``iter()`` (iteration.py).
 
     DataLoader(dataset, batch_size, shuffle, sampler, ...)     validates, builds samplers
       └─ __iter__ ─▶ ResumeTracker.begin (state.py): the epoch, its base seed, what it resumes
-                 ─▶ an executor: InProcessExecutor (num_workers=0) | ProcessExecutor (workers;
-                    persistent ones kept by the loader)
+                 ─▶ an executor: InProcessExecutor (num_workers=0) | PoolExecutor (worker
+                    processes or threads; persistent ones kept by the loader)
                  ─▶ LoaderIterator: plan ─▶ executor ─▶ Delivered ─▶ the loop
 
 Seeds (one root per epoch): ``base_seed`` is ``derive_seed(seed, epoch)`` when
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import multiprocessing
 import sys
 import warnings
 import weakref
@@ -33,7 +32,7 @@ from . import stats as _stats
 from .iteration import LoaderIterator, PassSettings
 from ._engine.cpu import usable_cores
 from ._engine.executor import InProcessExecutor
-from ._engine.process_executor import ProcessConfig, ProcessExecutor
+from ._engine.pool_executor import PoolConfig, PoolExecutor
 from ._engine.fetch import FetchSpec, collate_route
 from ._engine.launch import START_METHODS, resolve_start_method
 
@@ -75,7 +74,13 @@ class DataLoader(Generic[T_co]):
       storage or a network (default 1: one after another). Batches are the
       same; a ``__getitem__`` that draws from the global ``random`` /
       ``numpy.random`` generators is then no longer reproducible (threads
-      share them), so draw from a generator seeded by the index instead.
+      share them), so draw from ``conveyor.sample_rng()`` instead.
+    * ``worker_method``: ``"multiprocessing"`` (default) runs workers as
+      processes; ``"thread"`` runs them as threads of this process (torch's
+      proposed name), for datasets that wait on I/O: no start-up, no
+      pickling, no copies, same batches and guarantees. The global
+      generators are then the training loop's and are not seeded per
+      batch: draw from ``conveyor.sample_rng()`` (docs/threads.md).
 
     Example::
 
@@ -122,8 +127,10 @@ class DataLoader(Generic[T_co]):
         collect_stats: bool = True,
         progress: bool = False,
         reads_in_flight: int = 1,
+        worker_method: str = "multiprocessing",
     ) -> None:
-        _args.check_workers(num_workers, timeout, prefetch_factor, persistent_workers)
+        _args.check_worker_method(worker_method)
+        _args.check_workers(num_workers, timeout, prefetch_factor, persistent_workers, worker_method)
         _args.check_stall_warning(stall_warning)
         _args.check_stats(collect_stats, progress)
         _args.check_reads_in_flight(reads_in_flight)
@@ -169,6 +176,7 @@ class DataLoader(Generic[T_co]):
         self.pin_memory_device = pin_memory_device
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
+        self.worker_method = worker_method
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
         self.generator = generator
@@ -195,7 +203,7 @@ class DataLoader(Generic[T_co]):
             collate_fn = self._default_collate if batch_sampler is not None else self._default_convert
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
-        self._executor: Optional[ProcessExecutor] = None
+        self._executor: Optional[PoolExecutor] = None
         self._finalizer: Optional[weakref.finalize] = None
         self._IterableDataset_len_called: Optional[int] = None
         #: Epochs, base seeds and resumable state (conveyor.state).
@@ -209,7 +217,7 @@ class DataLoader(Generic[T_co]):
 
     # ------------------------------------------------------------ validation
     def _warn_worker_count(self) -> None:
-        if self.num_workers == 0:
+        if self.num_workers == 0 or self.worker_method == "thread":  # (threads wait on I/O, not cores)
             return
         available = usable_cores()
         if self.num_workers > available:
@@ -228,26 +236,9 @@ class DataLoader(Generic[T_co]):
 
     @multiprocessing_context.setter
     def multiprocessing_context(self, context: Any) -> None:
-        if context is not None:
-            if self.num_workers == 0:
-                raise ValueError(
-                    f"multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
-                    f"but got num_workers={self.num_workers}"
-                )
-            if isinstance(context, str):
-                valid = [m for m in START_METHODS if m in multiprocessing.get_all_start_methods()]
-                if context not in valid:
-                    raise ValueError(
-                        f"multiprocessing_context option should specify a valid start method in {valid!r}, "
-                        f"but got multiprocessing_context={context!r}"
-                    )
-                context = multiprocessing.get_context(context)  # as torch: the context object
-            elif not isinstance(context, multiprocessing.context.BaseContext):
-                raise TypeError(
-                    f"multiprocessing_context option should be a valid context object or a string "
-                    f"specifying the start method, but got multiprocessing_context={context}"
-                )
-        self.__multiprocessing_context = context
+        self.__multiprocessing_context = _args.check_multiprocessing_context(
+            context, self.num_workers, getattr(self, "worker_method", "multiprocessing")
+        )
 
     def __setattr__(self, attr: str, value: Any) -> None:
         if self.__initialized and attr in _FROZEN_AFTER_INIT:
@@ -412,14 +403,16 @@ class DataLoader(Generic[T_co]):
         )
 
     def _start_method(self) -> str:
+        if self.worker_method == "thread":
+            return "thread"
         method = resolve_start_method(self.multiprocessing_context)
         if method not in START_METHODS:
             raise ValueError(f"unsupported start method {method!r}; use one of {START_METHODS}")
         return method
 
-    def _new_process_executor(self, base_seed: int) -> ProcessExecutor:
-        executor = ProcessExecutor(
-            ProcessConfig(
+    def _new_pool_executor(self, base_seed: int) -> PoolExecutor:
+        executor = PoolExecutor(
+            PoolConfig(
                 spec=self._fetch_spec(),
                 num_workers=self.num_workers,
                 start_method=self._start_method(),
@@ -440,11 +433,11 @@ class DataLoader(Generic[T_co]):
         if self.num_workers == 0:
             return InProcessExecutor(self._fetch_spec(), timed=self._stats is not None), True
         if not self.persistent_workers:
-            return self._new_process_executor(base_seed), True
+            return self._new_pool_executor(base_seed), True
         if self._executor is None or self._executor.broken:
             if self._finalizer is not None:
                 self._finalizer()  # stops the broken pool and forgets it
-            self._executor = self._new_process_executor(base_seed)
+            self._executor = self._new_pool_executor(base_seed)
             self._finalizer = weakref.finalize(self, self._executor.shutdown)
         return self._executor, False
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import random
 import sys
+import threading
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -40,6 +41,8 @@ __all__ = [
     "seed_global_generators",
     "global_generator_states",
     "restore_global_generators",
+    "SampleRandom",
+    "sample_rng",
 ]
 
 _MASK64 = (1 << 64) - 1
@@ -278,3 +281,103 @@ def restore_global_generators(states: tuple) -> None:
     np.random.set_state(np_state)
     if torch_state is not None:
         sys.modules["torch"].set_rng_state(torch_state)
+
+
+# ------------------------------------------------------------------ samples
+class SampleRandom:
+    """Random generators for the one sample being loaded, the same whoever
+    loads it: a worker process, a worker thread, the main process
+    (``num_workers=0``), one read of many in flight.
+
+    Seeded from the batch's seed and the sample's place in the batch
+    (``derive_seed(batch_seed, k)``; the batch's own seed while collating
+    and for a dataset's ``__getitems__``), so a sample's draws do not depend
+    on the number or kind of workers, nor on what other threads draw. Each
+    generator is made on first use, for this sample only: ask for it where
+    the sample is loaded (``conveyor.sample_rng().numpy_generator``) rather
+    than keeping it. Outside a DataLoader, the seed comes from the OS.
+    """
+
+    __slots__ = ("_root", "_key", "_seed", "_random", "_numpy", "_torch")
+
+    def __init__(self) -> None:
+        self.reset(None)
+
+    def reset(self, root: Any, key: int = -1) -> None:
+        """Be the generators of sample ``key`` (-1: the whole batch) of the batch seeded ``root``."""
+        self._root, self._key = root, key
+        self._seed = self._random = self._numpy = self._torch = None
+
+    def at(self, key: int) -> None:
+        """Move on to sample ``key`` of the same batch (cheap: runs per sample)."""
+        self._key = key
+        if self._seed is not None:  # (generators exist only once the seed does)
+            self._seed = self._random = self._numpy = self._torch = None
+
+    @property
+    def root(self) -> Any:
+        """The batch's seed (None outside a DataLoader)."""
+        return self._root
+
+    @property
+    def seed(self) -> int:
+        """This sample's 63-bit seed."""
+        if self._seed is None:
+            if self._root is None:
+                self._seed = random.SystemRandom().getrandbits(63)
+            else:
+                self._seed = derive_seed(self._root, self._key) if self._key >= 0 else derive_seed(self._root)
+        return self._seed
+
+    @property
+    def random_generator(self) -> random.Random:
+        if self._random is None:
+            self._random = random.Random(self.seed)
+        return self._random
+
+    @property
+    def numpy_generator(self) -> np.random.Generator:
+        if self._numpy is None:
+            self._numpy = np.random.Generator(np.random.PCG64(self.seed))
+        return self._numpy
+
+    @property
+    def torch_generator(self) -> Any:
+        """A CPU ``torch.Generator`` (imports torch)."""
+        if self._torch is None:
+            import torch
+
+            self._torch = torch.Generator().manual_seed(self.seed)
+        return self._torch
+
+    def __repr__(self) -> str:
+        return f"SampleRandom(seed={self.seed})"
+
+
+_here = threading.local()
+
+
+def thread_sample_random() -> SampleRandom:
+    """This thread's SampleRandom, the one the loader resets for each sample it loads here."""
+    sample = getattr(_here, "sample", None)
+    if sample is None:
+        sample = _here.sample = SampleRandom()
+    return sample
+
+
+def sample_rng() -> SampleRandom:
+    """Random generators for the sample being loaded in this thread::
+
+        def __getitem__(self, i):
+            g = conveyor.sample_rng().numpy_generator
+            return augment(load(i), flip=g.random() < 0.5)
+
+    The same draws for a sample whatever loads it (``num_workers=0``,
+    processes, ``worker_method="thread"``, ``reads_in_flight``), unlike the
+    global generators, which thread workers share with the training loop
+    (see docs/differences.md). Outside a DataLoader, freshly seeded from the OS.
+    """
+    sample = getattr(_here, "sample", None)
+    if sample is None or sample.root is None:
+        return SampleRandom()
+    return sample

@@ -1,4 +1,4 @@
-"""Private machinery: fetching, worker processes, transport and errors.
+"""Private machinery: fetching, worker processes and threads, transport and errors.
 
 Nothing here is public API; the DataLoader in ``conveyor.loader`` drives it.
 """

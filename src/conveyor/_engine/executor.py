@@ -3,9 +3,9 @@
     loader iterator ──begin_epoch(plan)──▶ Executor ──next_batch()──▶ Delivered(index, data | error, copies, timings)
                                              │
       InProcessExecutor (here): loads each batch in the calling thread (num_workers=0)
-      ProcessExecutor (process_executor.py):
-                         dispatch ──Tasks (slot k)──▶ workers (pool.py) ──results──▶ collect
-                         ──▶ views on slot k (SlotPool.decode) ──▶ ReorderBuffer ──▶ Delivered
+      PoolExecutor (pool_executor.py):
+                         dispatch ──Tasks──▶ workers: processes (pool.py) | threads (threads.py)
+                         ──results──▶ collect ──▶ decode ──▶ ReorderBuffer ──▶ Delivered
 
 Both take the same tasks (batch index, sample indices, seed) and give the
 same batches, whatever the number of workers. A failure of one batch is
@@ -128,7 +128,7 @@ class Executor(Protocol):
         skip: frozenset = frozenset(),
         workers_resume: Optional[dict] = None,
     ) -> None:
-        """Start a pass over ``tasks`` (see ProcessExecutor.begin_epoch)."""
+        """Start a pass over ``tasks`` (see PoolExecutor.begin_epoch)."""
 
     def next_batch(self) -> Delivered:
         """The next batch; StopIteration at the end of the pass."""
@@ -155,7 +155,7 @@ class InProcessExecutor:
         workers_resume: Optional[dict] = None,
     ) -> None:
         """Start a pass. Batches come in plan order here, so ``first_index``
-        and ``skip`` (see :meth:`ProcessExecutor.begin_epoch`) change nothing.
+        and ``skip`` (see :meth:`PoolExecutor.begin_epoch`) change nothing.
         An iterable dataset's ``__iter__`` runs now, as in torch; its one
         copy continues from ``workers_resume`` (a one-worker progress) when given."""
         self._tasks = tasks

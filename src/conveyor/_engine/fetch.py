@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 from .. import collate as _collate
 from .. import rng
 from ..dataset import fetch_many
+from . import info as _info
 from ..state import _is_stateful
 
 Allocate = _collate.Allocator
@@ -98,30 +99,49 @@ class MapFetcher:
         return task_seed
 
     def fetch(self, indices: Any, allocate: Optional[Allocate] = None, clock: Optional[StageClock] = None) -> Any:
-        spec = self.spec
+        """The batch at ``indices``, collated; each sample read with its own
+        generators (rng.sample_rng), the batch's while collating."""
+        spec, dataset = self.spec, self.spec.dataset
+        sample = rng.thread_sample_random()
         if not spec.auto_collation:
-            samples, count = spec.dataset[indices], 1
-        elif spec.reads_in_flight > 1 and not hasattr(spec.dataset, "__getitems__"):
-            samples = self._read_concurrently(indices)
+            sample.at(0)
+            samples, count = dataset[indices], 1
+        elif hasattr(dataset, "__getitems__"):
+            samples = fetch_many(dataset, indices)
             count = len(samples)
-        elif allocate is not None and spec.collate_into is not None and not hasattr(spec.dataset, "__getitems__"):
-            # Each sample's arrays go into the batch while still in cache (RowPlacer).
-            samples = [allocate.place(spec.dataset[i], k) for k, i in enumerate(indices)]
+        elif spec.reads_in_flight > 1:
+            samples = self._read_concurrently(indices, sample.root)
             count = len(samples)
         else:
-            samples = fetch_many(spec.dataset, indices)
+            # With conveyor's collate, each sample's arrays go into the batch
+            # while still in cache (RowPlacer).
+            place = allocate.place if allocate is not None and spec.collate_into is not None else None
+            samples = []
+            for k, i in enumerate(indices):
+                sample.at(k)
+                samples.append(dataset[i] if place is None else place(dataset[i], k))
             count = len(samples)
+        sample.at(-1)
         return _collate_timed(spec, samples, count, allocate, clock)
 
-    def _read_concurrently(self, indices: Any) -> list:
+    def _read_concurrently(self, indices: Any, root: Any) -> list:
         """``[dataset[i] for i in indices]``, up to ``reads_in_flight`` at a
         time; the first failing read (in index order) raises, after the
         others of the batch have finished."""
         if self._readers is None:
             self._readers = ThreadPoolExecutor(self.spec.reads_in_flight, thread_name_prefix="conveyor-read")
-        futures = [self._readers.submit(self.spec.dataset.__getitem__, i) for i in indices]
+        worker = _info.get_worker_info()
+        futures = [self._readers.submit(self._read, worker, root, k, i) for k, i in enumerate(indices)]
         wait(futures)
         return [future.result() for future in futures]
+
+    def _read(self, worker: Any, root: Any, key: int, index: Any) -> Any:
+        """One read, in a reading thread: it answers get_worker_info() as
+        ``worker`` and draws from sample ``key``'s generators."""
+        sample = rng.thread_sample_random()
+        sample.reset(root, key)
+        _info.lend(worker, sample)
+        return self.spec.dataset[index]
 
     def close(self) -> None:
         """Stop the reading threads (when there are any); safe to call twice."""
@@ -206,6 +226,7 @@ class IterableFetcher:
         if self.ended:
             raise EndOfData
         if not spec.auto_collation:
+            rng.thread_sample_random().at(0)
             try:
                 item = next(self._iterator)
             except StopIteration:
@@ -213,12 +234,15 @@ class IterableFetcher:
                 raise EndOfData from None
             return _collate_timed(spec, item, 1, allocate, clock)
         samples = []
-        for _ in range(spec.batch_size):
+        sample = rng.thread_sample_random()
+        for k in range(spec.batch_size):
+            sample.at(k)
             try:
                 samples.append(next(self._iterator))
             except StopIteration:
                 self.ended = True
                 break
+        sample.at(-1)
         if not samples or (spec.drop_last and len(samples) < spec.batch_size):
             raise EndOfData
         return _collate_timed(spec, samples, len(samples), allocate, clock)
@@ -239,14 +263,21 @@ def make_fetcher(spec: FetchSpec, worker_id: int = 0):
 
 
 def fetch_seeded(
-    fetcher, indices: Any, seed: Optional[int], allocate: Optional[Allocate] = None, clock: Optional[StageClock] = None
+    fetcher,
+    indices: Any,
+    seed: Optional[int],
+    allocate: Optional[Allocate] = None,
+    clock: Optional[StageClock] = None,
+    seed_globals: bool = True,
 ) -> Any:
     """Seed ``random``, ``numpy.random`` and torch (when loaded) with the
-    batch's seed, then load the batch (timed by ``clock`` when given).
-    ``seed=None`` leaves the generators alone."""
+    batch's seed (unless ``seed_globals`` is false: a thread worker's
+    process is the main one), then load the batch (timed by ``clock`` when
+    given). ``seed=None`` leaves the generators alone."""
     seed = fetcher.seed_for(seed)
-    if seed is not None:
+    if seed is not None and seed_globals:
         rng.seed_global_generators(seed)
+    rng.thread_sample_random().reset(seed)
     return fetcher.fetch(indices, allocate, clock)
 
 
@@ -261,3 +292,4 @@ def fetch_in_main(fetcher, indices: Any, seed: Optional[int], clock: Optional[St
         return fetch_seeded(fetcher, indices, seed, None, clock)
     finally:
         rng.restore_global_generators(saved)
+        rng.thread_sample_random().reset(None)  # (sample_rng() is the OS's again outside loading)

@@ -3,18 +3,21 @@ watch them, stop them.
 
     WorkerPool.start ──▶ slots (SlotPool) + stop flag, then WorkerHandle 0..N-1:
                          process, pipes, stack file, tasks outstanding
-    Poller ────────────▶ one poll over every result pipe, every sentinel, and the
-                         task pipes that have bytes waiting for room
+    WorkerPool.send ───▶ tasks pickled into the task pipe (never waits: wire.py)
+    WorkerPool.wait ───▶ Poller: one poll over every result pipe, every sentinel, and
+                         the task pipes with bytes waiting for room ──▶ messages, exits
+    WorkerPool.decode ─▶ views on the batch's slot (shm.py)
     WorkerPool.stop ───▶ stop flag + Stop ──▶ drain ──▶ grace ──▶ kill ──▶ reap ──▶ close
 
-The executor decides what each worker does; this module only knows how to
-reach them and how to end them.
+The executor (pool_executor.py) decides what each worker does; this module
+only knows how to reach them, read them and end them (workers.Workers).
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import pickle
 import select
 import time
 import warnings
@@ -22,27 +25,21 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from .errors import death_error
 from .launch import Channels, WorkerProcess, deliver_config, pickle_config, start_worker
-from .stacks import StackFile
-from .worker import WorkerConfig, WorkerFds
-from .wire import pack
-from .messages import Stop
+from .messages import Batch, Stop, Task
+from .pickling import check_picklable
 from .shm import SlotPool, StopFlag
+from .stacks import StackFile
+from .wire import pack
+from .worker import WorkerConfig, WorkerFds
+from .workers import EXITED, Broken, Sent
 
 #: After Stop, how long workers get to finish and exit before they are killed.
 #: Short: workers hold nothing that needs a graceful end, and users wait on it.
 STOP_GRACE_S = 0.5
 #: How long to wait for a killed worker to be reaped (the kernel is quick).
 REAP_TIMEOUT_S = 2.0
-
-
-@dataclass(frozen=True)
-class Sent:
-    """A task sent to a worker and not answered yet."""
-
-    epoch_id: int
-    batch_index: int
-    slot: Optional[int]
 
 
 @dataclass(eq=False)
@@ -69,8 +66,16 @@ class WorkerHandle:
                 return sent
         return None
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
     def describe(self) -> str:
         return f"worker {self.id} (pid {self.process.pid})"
+
+    def stack_text(self) -> str:
+        """Its Python stack, written by the worker on request (a signal; about 50 ms)."""
+        return self.stack.request(self.process.pid) if self.stack is not None else ""
 
 
 class Event(enum.Enum):
@@ -207,7 +212,8 @@ def stop_workers(workers: list[WorkerHandle]) -> None:
 
 
 class WorkerPool:
-    """The workers of one executor and what they share.
+    """The worker processes of one executor and what they share (a
+    workers.Workers).
 
     Ownership: the pool creates the slots, the stop flag and one stack file
     per worker before the workers start, and closes them in :meth:`stop`
@@ -216,21 +222,25 @@ class WorkerPool:
     unavailable: batches then travel through the pipes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, method: str) -> None:
+        self.method = method
         self.workers: list[WorkerHandle] = []
         self.poller = Poller()
         self.slots: Optional[SlotPool] = None
         self.stop_flag: Optional[StopFlag] = None
+        self._noted = False
 
-    def start(
-        self,
-        method: str,
-        make_config: Callable[[int, WorkerFds, tuple], WorkerConfig],
-        num_workers: int,
-        num_slots: int,
-    ) -> None:
-        """Make the shared memory, start the workers and watch them; on a
-        failure, stop what started and raise."""
+    def start(self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int) -> None:
+        """Check that what travels pickles (spawn, forkserver), make the
+        shared memory, start the workers and watch them; on a failure,
+        stop what started and raise."""
+        if self.method != "fork":
+            config = make_config(0, WorkerFds(), ())
+            fetch = config.fetch
+            check_picklable(
+                {"dataset": fetch.dataset, "collate_fn": fetch.collate_fn, "worker_init_fn": config.worker_init_fn},
+                self.method,
+            )
         try:
             self.slots = SlotPool(num_slots)
         except OSError as exc:
@@ -242,7 +252,7 @@ class WorkerPool:
         try:
             self.stop_flag = StopFlag() if self.slots is not None else None
             self.workers = start_workers(
-                method,
+                self.method,
                 make_config,
                 num_workers,
                 self.stop_flag.fd if self.stop_flag is not None else None,
@@ -254,9 +264,103 @@ class WorkerPool:
         for worker in self.workers:
             self.poller.watch(worker)
 
+    # ------------------------------------------------------------ messages
+    @property
+    def watched(self) -> bool:
+        return self.poller.watched
+
+    def send(self, worker: WorkerHandle, tasks: list[Task]) -> None:
+        """The tasks, pickled, in one frame; what the pipe does not take now
+        is written when ``wait`` finds room."""
+        parts = []
+        for task in tasks:
+            try:
+                parts.append(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
+            except Exception as exc:
+                raise Broken(worker, task.batch_index, "could not send the task of", exc) from None
+        try:
+            worker.channels.tasks.put(b"".join(parts))
+        except BrokenPipeError:
+            pass  # it is gone: its sentinel tells how, once what it sent is read
+        self.poller.want_room(worker)
+
+    def wait(self, timeout_s: Optional[float]) -> list[tuple[WorkerHandle, Any]]:
+        """(worker, message) for each message read, then (worker, EXITED)
+        for each worker whose process ended (reaped; everything it sent read
+        first); [] at the timeout. Writes what waits for room in task pipes."""
+        arrived: list[tuple[WorkerHandle, Any]] = []
+        exited = []
+        for worker, event in self.poller.wait(timeout_s):
+            if event is Event.WRITABLE:
+                self._flush(worker)
+            elif event is Event.RESULT:
+                self._receive(worker, arrived)
+            else:
+                exited.append(worker)
+        for worker in exited:
+            self._receive(worker, arrived, to_end=True)
+            worker.exited = True
+            self.poller.forget(worker)
+            worker.process.join(REAP_TIMEOUT_S)
+            arrived.append((worker, EXITED))
+        return arrived
+
+    def _flush(self, worker: WorkerHandle) -> None:
+        try:
+            worker.channels.tasks.flush()
+        except BrokenPipeError:
+            pass  # as in send
+        self.poller.want_room(worker)
+
+    def _receive(self, worker: WorkerHandle, into: list, to_end: bool = False) -> None:
+        """Take what the worker has sent: what one read gives, or (once it
+        has exited) everything up to the end of its pipe."""
+        while True:
+            try:
+                payloads = worker.channels.results.read()
+            except EOFError:
+                self.poller.forget_results(worker)
+                return
+            for payload in payloads:
+                try:
+                    into.append((worker, pickle.loads(payload)))
+                except Exception as exc:
+                    raise Broken(worker, None, "could not read the result of", exc) from None
+            if not (to_end and payloads):
+                return
+
+    def decode(self, worker: WorkerHandle, sent: Sent, message: Batch) -> Any:
+        """The batch's data: views on its slot (numpy leaves), or what came
+        through the pipe when it did not fit."""
+        if message.note and not self._noted:
+            self._noted = True
+            warnings.warn(
+                f"conveyor: {message.note}. Batches that do not fit travel through pipes instead (same "
+                f"data, slower). Free memory, or lower batch_size, prefetch_factor or num_workers.",
+                stacklevel=7,
+            )
+        if sent.slot is None or message.used == 0:
+            self.give_back(sent.slot)
+            return message.data
+        try:
+            return self.slots.decode(message.data, sent.slot, message.slot_size, message.used)
+        except Exception as exc:
+            raise Broken(worker, message.batch_index, "could not map the shared memory of", exc) from None
+
+    def exit_error(self, worker: WorkerHandle, what: Optional[str]) -> BaseException:
+        """How it died, what it was doing, and its Python stack if it crashed."""
+        if what is None:
+            doing = "It had no batch in hand."
+        elif worker.channels.results.partial:
+            doing = f"It was sending the result of {what}."
+        else:
+            doing = f"It was loading {what}."
+        crash = worker.stack.crash_text() if worker.stack is not None else ""
+        return death_error(worker.process.pid, worker.process.exitcode, worker.id, doing, crash)
+
+    # --------------------------------------------------------------- slots
     def lend_slot(self) -> Optional[int]:
         return self.slots.lend() if self.slots is not None else None
-
     def slots_in_use(self) -> int:
         """Slots lent out: batches in flight, waiting, or held by the user."""
         return self.slots.in_use if self.slots is not None else 0

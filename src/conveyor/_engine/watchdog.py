@@ -83,7 +83,7 @@ class StallWatchdog:
 
 def busy_workers(workers: Iterable[Any], epoch_id: int, pending: Mapping[int, Any], starting: set,
                  with_stacks: bool) -> list[BusyWorker]:
-    """What each worker (a pool.WorkerHandle) with something in hand is
+    """What each worker (a workers.WorkerView) with something in hand is
     doing: starting up, or loading the batch of this epoch it began first
     (``pending``: batch index -> its PlannedBatch). ``with_stacks`` asks
     each one for its Python stack (a signal; about 50 ms each)."""
@@ -98,7 +98,7 @@ def busy_workers(workers: Iterable[Any], epoch_id: int, pending: Mapping[int, An
         else:
             continue
         queued = tuple(s.batch_index for s in worker.outstanding if s.epoch_id == epoch_id)
-        stack = worker.stack.request(worker.process.pid) if with_stacks and worker.stack is not None else ""
+        stack = worker.stack_text() if with_stacks else ""
         busy.append(BusyWorker(worker.describe(), doing, now - worker.busy_since, stack, queued))
     return busy
 

@@ -104,10 +104,20 @@ class WorkerConfig:
     fds: WorkerFds = WorkerFds()
     #: Time each batch's stages (for the loader's stats).
     timed: bool = True
+    #: A thread of the main process (threads.py), not a process: the global
+    #: generators belong to the main process and are left alone.
+    in_thread: bool = False
+
+    @property
+    def where(self) -> str:
+        """Where user code runs, in torch's words: "in DataLoader worker process 0"."""
+        return f"in DataLoader worker {'thread' if self.in_thread else 'process'} {self.worker_id}"
 
 
 def _set_worker_info(config: WorkerConfig) -> None:
-    _info.current = WorkerInfo(config.worker_id, config.num_workers, config.seed, config.fetch.dataset)
+    _info.current = WorkerInfo(
+        config.worker_id, config.num_workers, config.seed, config.fetch.dataset, rng.thread_sample_random()
+    )
 
     def tell_torch(torch: Any) -> None:
         # One intra-op thread per worker, as torch's workers: N workers each
@@ -122,7 +132,11 @@ def _set_worker_info(config: WorkerConfig) -> None:
             from torch.utils.data._utils import worker as torch_worker
 
             torch_worker._worker_info = torch_worker.WorkerInfo(
-                id=config.worker_id, num_workers=config.num_workers, seed=config.seed, dataset=config.fetch.dataset
+                id=config.worker_id,
+                num_workers=config.num_workers,
+                seed=config.seed,
+                dataset=config.fetch.dataset,
+                rng=_info.current.rng,
             )
         except Exception:  # an unusual torch build: conveyor's own answer still works
             pass
@@ -171,12 +185,12 @@ def _exit_code(exc: BaseException) -> int:
     return 1
 
 
-def _fatal(wid: int, stage: str, task: Optional[Task] = None) -> Fatal:
-    """The exception being handled, as the Fatal message the worker sends before it exits."""
+def fatal_message(wid: int, where: str, stage: str, task: Optional[Task] = None) -> Fatal:
+    """The exception being handled, as the Fatal message the worker sends before it ends."""
     exc = sys.exc_info()[1]
     return Fatal(
         worker_id=wid,
-        failure=capture_failure(wid, f"in DataLoader worker process {wid}"),
+        failure=capture_failure(wid, where),
         exit_code=_exit_code(exc),
         stage=stage,
         epoch_id=task.epoch_id if task is not None else None,
@@ -185,7 +199,7 @@ def _fatal(wid: int, stage: str, task: Optional[Task] = None) -> Fatal:
     )
 
 
-class _Ending(Exception):
+class Ending(Exception):
     """User code asked the worker to end (SystemExit, KeyboardInterrupt); carries the Fatal to send."""
 
     def __init__(self, fatal: Fatal):
@@ -210,12 +224,12 @@ def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
     try:
         fetcher = _set_up(config)
     except BaseException:
-        return _send_fatal(result_fd, _fatal(wid, "start"))
+        return _send_fatal(result_fd, fatal_message(wid, config.where, "start"))
     if not _send(result_fd, pack(Ready(wid))):
         return 0
     writers = [SlotWriter(fd) for fd in config.fds.slots]
     stop = StopFlag(config.fds.stop) if config.fds.stop is not None else None
-    serving = _Serving(config, fetcher)
+    serving = Serving(config, fetcher)
     while True:
         try:
             payload = read_frame(task_fd)
@@ -224,14 +238,14 @@ def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
         try:
             tasks = unpack(payload)
         except BaseException:
-            return _send_fatal(result_fd, _fatal(wid, "read"))
+            return _send_fatal(result_fd, fatal_message(wid, config.where, "read"))
         for task in tasks:
             if isinstance(task, Stop) or (stop is not None and stop.is_set()):
                 return 0
             writer = writers[task.slot] if task.slot is not None else None
             try:
                 result = serving.serve(task, writer)
-            except _Ending as ending:
+            except Ending as ending:
                 return _send_fatal(result_fd, ending.fatal)
             if not _send(result_fd, result):
                 return 0
@@ -251,13 +265,12 @@ def _send_fatal(fd: int, fatal: Fatal) -> int:
     return fatal.exit_code
 
 
-class _Serving:
-    """Loads one task at a time into a pickled result message."""
+class Serving:
+    """Loads one task at a time into a result message (pickled, for a process)."""
 
     def __init__(self, config: WorkerConfig, fetcher: Any):
         self.config = config
         self.fetcher = fetcher
-        self.where = f"in DataLoader worker process {config.worker_id}"
         self._epoch_id: Optional[int] = None
         self._noted = False
         self._cpu = ThreadClock()
@@ -265,10 +278,10 @@ class _Serving:
 
     def serve(self, task: Task, writer: Optional[SlotWriter]) -> bytes:
         """The task's result, pickled: a Batch (arrays in the slot when there
-        is one), Exhausted, or TaskFailed. Raises _Ending for SystemExit and
+        is one), Exhausted, or TaskFailed. Raises Ending for SystemExit and
         KeyboardInterrupt in user code."""
         try:
-            message = self._load(task, writer)
+            message = self.load(task, writer)
             if writer is not None and writer.full and not self._noted and isinstance(message, Batch):
                 self._noted = True
                 message = dataclasses.replace(message, note=writer.full)
@@ -279,6 +292,10 @@ class _Serving:
         finally:
             if writer is not None:
                 writer.end()
+
+    def close(self) -> None:
+        """Let go of the CPU clock (a thread worker ends; a process just exits)."""
+        self._cpu.close()
 
     def _times(self, clock: StageClock) -> bytes:
         """The batch's LoadTimes, packed; its stages ended when ``clock`` says, and encoding now."""
@@ -294,10 +311,13 @@ class _Serving:
 
     def _failed(self, task: Task, doing: str = "") -> TaskFailed:
         wid = self.config.worker_id
-        where = f"{self.where} {doing}" if doing else self.where
+        where = f"{self.config.where} {doing}" if doing else self.config.where
         return TaskFailed(task.epoch_id, task.batch_index, wid, task.indices, capture_failure(wid, where))
 
-    def _load(self, task: Task, writer: Optional[SlotWriter]) -> Any:
+    def load(self, task: Task, writer: Optional[SlotWriter] = None) -> Any:
+        """The task's result message: Batch (its arrays in ``writer``'s slot
+        when given, else numpy arrays of their own), Exhausted or TaskFailed.
+        Raises Ending for SystemExit and KeyboardInterrupt in user code."""
         config, fetcher, wid = self.config, self.fetcher, self.config.worker_id
         iterable = config.fetch.iterable
         try:
@@ -308,7 +328,8 @@ class _Serving:
             if writer is not None:
                 writer.begin()
             clock = StageClock() if config.timed else None
-            data = fetch_seeded(fetcher, task.indices, task.seed, _allocator(config.fetch, task, writer), clock)
+            allocate = _allocator(config.fetch, task, writer)
+            data = fetch_seeded(fetcher, task.indices, task.seed, allocate, clock, not config.in_thread)
             used = size = 0
             if writer is not None:
                 data, used = encode(data, writer)
@@ -320,14 +341,14 @@ class _Serving:
         except EndOfData:
             message = Exhausted(task.epoch_id, task.batch_index, wid)
         except (SystemExit, KeyboardInterrupt):
-            raise _Ending(_fatal(wid, "task", task)) from None
+            raise Ending(fatal_message(wid, config.where, "task", task)) from None
         except BaseException:
             return self._failed(task)
         if iterable:  # where this copy stands after the batch, for DataLoader.state_dict
             try:
                 message = dataclasses.replace(message, worker_state=fetcher.state())
             except (SystemExit, KeyboardInterrupt):
-                raise _Ending(_fatal(wid, "task", task)) from None
+                raise Ending(fatal_message(wid, config.where, "task", task)) from None
             except BaseException:
                 return self._failed(task, "in state_dict()")
         return message
@@ -381,7 +402,7 @@ def fork_entry(config: WorkerConfig, task_fd: int, result_fd: int) -> None:
 
 def _config_failed(worker_id: int, result_fd: int) -> None:
     """The config did not unpickle here: say so, then exit."""
-    code = _send_fatal(result_fd, _fatal(worker_id, "start"))
+    code = _send_fatal(result_fd, fatal_message(worker_id, f"in DataLoader worker process {worker_id}", "start"))
     os._exit(code)
 
 

@@ -1,21 +1,25 @@
-"""The executor that runs fetch + collate in worker processes.
+"""The executor that runs fetch + collate in workers: processes (pool.py) or
+threads of this process (threads.py), chosen by ``worker_method``.
 
-    plan ──▶ dispatch ──Tasks (slot k)──▶ workers (pool.py) ──results──▶ collect
-         ──▶ views on slot k (SlotPool.decode) ──▶ ReorderBuffer ──▶ Delivered
+    plan ──▶ dispatch ──Tasks──▶ workers ──results──▶ collect
+         ──▶ decode (views on a shared-memory slot, or the batch itself) ──▶ ReorderBuffer ──▶ Delivered
 
 Actors:
   * dispatch: keeps ``prefetch_factor × num_workers`` batches between plan
-    and delivery, each task with a free shared-memory slot; a round's tasks
-    for one worker travel in one frame. Writes never wait (wire.py): what a
-    full pipe does not take is written when ``poll`` says there is room.
-  * collect: one ``poll`` over every result pipe, every worker's sentinel
-    and the task pipes with bytes waiting, so a dead worker is noticed the
-    moment it dies; nothing is delivered before every worker said Ready (a
-    failing ``worker_init_fn`` comes first).
+    and delivery; a round's tasks for one worker travel together. Sending
+    never waits (for processes, wire.py writes what a full pipe does not
+    take once ``poll`` says there is room).
+  * collect: one wait over every worker's results and exits, so a dead
+    worker is noticed the moment it dies; nothing is delivered before
+    every worker said Ready (a failing ``worker_init_fn`` comes first).
   * reorder: in plan order (``in_order=True``) or as batches arrive.
   * watch: the stall watchdog warns when nothing has arrived for a while;
     ``timeout`` makes a late batch an error naming it.
   * one failure path (``_fail``) and one idempotent shutdown (``shutdown``).
+
+This module decides what each worker does; a :class:`Workers` (pool.py's
+``WorkerPool`` for processes, threads.py's ``ThreadWorkers``) knows how to
+reach them and end them, and reports what cannot cross as :class:`Broken`.
 
 A failure of one batch (the user's exception, a conversion to tensors) is
 that batch's ``Delivered.error`` and the pool carries on, as in torch;
@@ -30,7 +34,6 @@ import enum
 import itertools
 import math
 import os
-import pickle
 import time
 import warnings
 from dataclasses import dataclass
@@ -38,25 +41,19 @@ from time import perf_counter
 from traceback import format_tb
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
-from .errors import (
-    add_note,
-    death_error,
-    describe_indices,
-    rebuild_exception,
-    transport_error,
-    worker_ended_error,
-)
+from .errors import add_note, describe_indices, rebuild_exception, transport_error, worker_ended_error
 from .executor import Delivered, PlannedBatch, Timings, pack_delivery_times
 from .fetch import FetchSpec
 from .messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
 from ..collate import to_torch
-from .pickling import check_picklable
-from .pool import REAP_TIMEOUT_S, Event, Sent, WorkerHandle, WorkerPool
+from .pool import WorkerPool
 from .progress import IterableProgress
 from .reorder import ReorderBuffer
 from .shm import SPARE_SLOTS
+from .threads import ThreadWorkers
 from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers, late_text
 from .worker import WorkerConfig, WorkerFds
+from .workers import EXITED, Broken, Sent, WorkerView, Workers
 
 
 class Lifecycle(enum.Enum):
@@ -67,11 +64,12 @@ class Lifecycle(enum.Enum):
 
 
 @dataclass(frozen=True)
-class ProcessConfig:
+class PoolConfig:
     """How to run the pool; built by the DataLoader from its arguments."""
 
     spec: FetchSpec
     num_workers: int
+    #: "fork", "spawn" or "forkserver" for processes; "thread" for threads.
     start_method: str
     prefetch_factor: int
     in_order: bool
@@ -83,13 +81,17 @@ class ProcessConfig:
     #: Time each batch's stages (Delivered.timings).
     timed: bool = True
 
+    @property
+    def threads(self) -> bool:
+        return self.start_method == "thread"
+
 
 class _Finished(NamedTuple):
     """A batch back from a worker, waiting for its turn (a named tuple: one
     is made per batch, and a tuple is the cheapest record Python builds)."""
 
     index: int
-    worker: WorkerHandle
+    worker: WorkerView
     data: Any = None
     error: Optional[BaseException] = None
     worker_state: Any = None
@@ -101,8 +103,8 @@ class _Finished(NamedTuple):
     arrived_at: float = 0.0
 
 
-class ProcessExecutor:
-    """Runs fetch + collate in worker processes.
+class PoolExecutor:
+    """Runs fetch + collate in worker processes or threads.
 
     Keeps at most ``prefetch_factor × num_workers`` batches between dispatch
     and delivery; delivers in plan order (``in_order=True``) or as batches
@@ -110,16 +112,15 @@ class ProcessExecutor:
     that process can neither use it nor stop its workers.
     """
 
-    def __init__(self, config: ProcessConfig):
+    def __init__(self, config: PoolConfig):
         self.config = config
         self.state = Lifecycle.NEW
         self._owner_pid = os.getpid()
-        self._pool = WorkerPool()
+        self._pool: Workers = ThreadWorkers() if config.threads else WorkerPool(config.start_method)
         self._error: Optional[BaseException] = None
         #: Workers that have not said Ready yet; nothing is delivered until none.
         self._starting: set[int] = set()
         self._watchdog = StallWatchdog(config.stall_warning_s)
-        self._noted = False
         # The pass in progress (begin_epoch).
         self._epoch_id = -1
         self._tasks: Iterator[PlannedBatch] = iter(())
@@ -136,18 +137,11 @@ class ProcessExecutor:
 
     # ----------------------------------------------------------------- start
     def start(self) -> None:
-        """Check that what travels can be pickled, then start every worker."""
+        """Start every worker (for processes, after checking that what travels pickles)."""
         cfg = self.config
-        if cfg.start_method != "fork":
-            check_picklable(
-                {"dataset": cfg.spec.dataset, "collate_fn": cfg.spec.collate_fn, "worker_init_fn": cfg.worker_init_fn},
-                cfg.start_method,
-            )
         self._started_at = perf_counter()
         try:
-            self._pool.start(
-                cfg.start_method, self._worker_config, cfg.num_workers, cfg.prefetch_factor * cfg.num_workers + SPARE_SLOTS
-            )
+            self._pool.start(self._worker_config, cfg.num_workers, cfg.prefetch_factor * cfg.num_workers + SPARE_SLOTS)
         except BaseException:
             self.shutdown()
             raise
@@ -162,16 +156,16 @@ class ProcessExecutor:
             seed=(cfg.base_seed + wid) & ((1 << 63) - 1),
             fetch=cfg.spec,
             worker_init_fn=cfg.worker_init_fn,
-            parent_pid=self._owner_pid if cfg.start_method != "forkserver" else None,
+            parent_pid=self._owner_pid if cfg.start_method not in ("forkserver", "thread") else None,
             close_fds=close_fds,
             fds=fds,
             timed=cfg.timed,
+            in_thread=cfg.threads,
         )
 
     @property
-    def _workers(self) -> list[WorkerHandle]:
+    def _workers(self) -> list[WorkerView]:
         return self._pool.workers
-
     # ----------------------------------------------------------------- epoch
     def begin_epoch(
         self,
@@ -231,9 +225,12 @@ class ProcessExecutor:
                     # The value: where the workers' copies stand at the end (iterable datasets).
                     raise StopIteration(self._progress.snapshot() if self._progress is not None else None)
                 self._wait(deadline)
+        except Broken as exc:
+            broken = exc  # (broken outside the except: nothing raised now chains to it)
         except KeyboardInterrupt:
             self.shutdown()
             raise
+        self._break(broken)
 
     def _delivered(self, finished: _Finished) -> Delivered:
         progress = self._progress
@@ -250,13 +247,13 @@ class ProcessExecutor:
         worker, arrived_at = finished.worker, finished.arrived_at
         delivery = pack_delivery_times(
             finished.sampler_s, finished.decode_s, perf_counter() - arrived_at, 0.0, arrived_at,
-            math.nan if ready_s is None else ready_s, worker.id, worker.process.pid, self._pool.slots_in_use(),
+            math.nan if ready_s is None else ready_s, worker.id, worker.pid, self._pool.slots_in_use(),
         )  # fmt: skip
         return Timings(finished.times, delivery)
 
     # ------------------------------------------------------------- dispatch
     def _dispatch(self) -> None:
-        """Fill the window; the tasks of one round go to each worker in one frame."""
+        """Fill the window; the tasks of one round go to each worker together."""
         limit = self.config.prefetch_factor * self.config.num_workers
         batches: dict[int, list[Task]] = {}
         try:
@@ -274,9 +271,9 @@ class ProcessExecutor:
                 batches.setdefault(worker.id, []).append(self._assign(worker, planned))
         finally:  # (also when the sampler raised: what was booked must be sent)
             for wid, tasks in batches.items():
-                self._send_tasks(self._workers[wid], tasks)
+                self._pool.send(self._workers[wid], tasks)
 
-    def _choose_worker(self) -> Optional[WorkerHandle]:
+    def _choose_worker(self) -> Optional[WorkerView]:
         active = [w for w in self._workers if w.active and not w.exited]
         if not active:
             return None
@@ -299,7 +296,7 @@ class ProcessExecutor:
         # Map-style: the least busy worker; content does not depend on it.
         return min(active, key=lambda w: (len(w.outstanding), (w.id - turn) % len(self._workers)))
 
-    def _assign(self, worker: WorkerHandle, planned: PlannedBatch) -> Task:
+    def _assign(self, worker: WorkerView, planned: PlannedBatch) -> Task:
         """Book a task for ``worker`` (a slot, its place in the queues)."""
         slot = self._pool.lend_slot()
         if not worker.outstanding:
@@ -309,43 +306,23 @@ class ProcessExecutor:
         restore = self._restore.pop(worker.id, None)
         return Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices, slot, restore)
 
-    def _send_tasks(self, worker: WorkerHandle, tasks: list[Task]) -> None:
-        parts = []
-        for task in tasks:
-            try:
-                parts.append(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
-            except Exception as exc:
-                self._break(worker, task.batch_index, "could not send the task of", exc)
-        try:
-            worker.channels.tasks.put(b"".join(parts))
-        except BrokenPipeError:
-            pass  # it is gone: its sentinel tells how, once what it sent is read
-        self._pool.poller.want_room(worker)
-
     # ------------------------------------------------------------- collect
     def _wait(self, deadline: Optional[float]) -> None:
-        """Wait for a result, a worker's exit, room in a task pipe, the
-        deadline or the watchdog, and take it in."""
-        if not self._pool.poller.watched:
+        """Wait for results, a worker's end, the deadline or the watchdog, and take them in."""
+        if not self._pool.watched:
             raise RuntimeError("every DataLoader worker has stopped; nothing is left to wait for")
-        events = self._pool.poller.wait(self._wait_timeout_s(deadline))
-        if not events:
+        arrived = self._pool.wait(self._wait_timeout_s(deadline))
+        if not arrived:
             if deadline is not None and time.monotonic() >= deadline:
                 self._on_timeout()
             if self._watchdog.due():
                 self._warn_stall()
             return
-        exited = []
-        for worker, event in events:
-            if event is Event.WRITABLE:
-                self._flush(worker)
-            elif event is Event.RESULT:
-                self._receive(worker)
+        for worker, message in arrived:
+            if message is EXITED:
+                self._on_worker_exit(worker)
             else:
-                exited.append(worker)
-        for worker in exited:
-            self._receive(worker, to_end=True)
-            self._on_worker_exit(worker)
+                self._handle(worker, message)
 
     def _wait_timeout_s(self, deadline: Optional[float]) -> Optional[float]:
         waits = [self._watchdog.remaining_s()]
@@ -354,35 +331,7 @@ class ProcessExecutor:
         waits = [w for w in waits if w is not None]
         return min(waits) if waits else None
 
-    def _flush(self, worker: WorkerHandle) -> None:
-        try:
-            worker.channels.tasks.flush()
-        except BrokenPipeError:
-            pass  # as in _send_tasks
-        self._pool.poller.want_room(worker)
-
-    def _receive(self, worker: WorkerHandle, to_end: bool = False) -> None:
-        """Take what the worker has sent: what one read gives, or (once it
-        has exited) everything up to the end of its pipe."""
-        while True:
-            try:
-                payloads = worker.channels.results.read()
-            except EOFError:
-                self._pool.poller.forget_results(worker)
-                return
-            for payload in payloads:
-                self._handle(worker, self._unpickle(worker, payload))
-            if not (to_end and payloads):
-                return
-
-    def _unpickle(self, worker: WorkerHandle, payload: Any) -> Any:
-        try:
-            return pickle.loads(payload)
-        except Exception as exc:
-            sent = worker.current(self._epoch_id)
-            self._break(worker, sent.batch_index if sent else None, "could not read the result of", exc)
-
-    def _handle(self, worker: WorkerHandle, message: Any) -> None:
+    def _handle(self, worker: WorkerView, message: Any) -> None:
         if isinstance(message, Ready):
             self._starting.discard(message.worker_id)
             if not self._starting:
@@ -414,7 +363,8 @@ class ProcessExecutor:
                 self._progress.exhausted(index, worker.id, message.worker_state)
             self._reorder.retire(index)
         elif isinstance(message, TaskFailed):
-            context = f"(conveyor: worker pid {message.failure.pid}, batch {index}, {describe_indices(planned.indices)})"
+            who = worker.describe() if self.config.threads else f"worker pid {message.failure.pid}"
+            context = f"(conveyor: {who}, batch {index}, {describe_indices(planned.indices)})"
             error = rebuild_exception(message.failure, context)
             for name, value in (("batch_index", index), ("indices", planned.indices)):
                 try:
@@ -423,25 +373,11 @@ class ProcessExecutor:
                     pass
             self._reorder.put(index, _Finished(index, worker, error=error))
 
-    def _decode(self, worker: WorkerHandle, sent: Sent, planned: PlannedBatch, message: Batch) -> tuple[Any, Any]:
-        """(the batch as the user gets it: views on the slot, tensors if
-        asked; None) or, when the conversion to tensors fails, (None, that
-        batch's error). Failing to map the slot breaks the pool."""
-        if message.note and not self._noted:
-            self._noted = True
-            warnings.warn(
-                f"conveyor: {message.note}. Batches that do not fit travel through pipes instead (same "
-                f"data, slower). Free memory, or lower batch_size, prefetch_factor or num_workers.",
-                stacklevel=5,
-            )
-        if sent.slot is None or message.used == 0:
-            self._pool.give_back(sent.slot)
-            data = message.data
-        else:
-            try:
-                data = self._pool.slots.decode(message.data, sent.slot, message.slot_size, message.used)
-            except Exception as exc:
-                self._break(worker, message.batch_index, "could not map the shared memory of", exc)
+    def _decode(self, worker: WorkerView, sent: Sent, planned: PlannedBatch, message: Batch) -> tuple[Any, Any]:
+        """(the batch as the user gets it, tensors if asked; None) or, when
+        the conversion to tensors fails, (None, that batch's error). What
+        cannot be read (a slot that does not map) breaks the pool."""
+        data = self._pool.decode(worker, sent, message)
         if not self.config.spec.to_torch:
             return data, None
         try:
@@ -475,47 +411,46 @@ class ProcessExecutor:
         )
 
     # ------------------------------------------------------------- failures
-    def _on_fatal(self, worker: WorkerHandle, fatal: Fatal) -> None:
+    def _on_fatal(self, worker: WorkerView, fatal: Fatal) -> None:
         """User code ended the worker (set-up failed, SystemExit, KeyboardInterrupt)."""
-        ended = worker_ended_error(fatal, worker.process.pid)
+        ended = worker_ended_error(fatal, worker.pid)
         if ended is not None:
             self._fail(ended)
         error = rebuild_exception(fatal.failure)
         if fatal.stage == "read":
-            sent = worker.current(self._epoch_id)
-            self._break(worker, sent.batch_index if sent else None, "could not read the task of", error)
-        context = f"(conveyor: while starting worker {worker.id}, pid {worker.process.pid})"
+            self._break(Broken(worker, None, "could not read the task of", error))
+        who = worker.describe() if self.config.threads else f"worker {worker.id}, pid {worker.pid}"
+        context = f"(conveyor: while starting {who})"
         self._fail(rebuild_exception(fatal.failure, context))
 
-    def _on_worker_exit(self, worker: WorkerHandle) -> None:
-        worker.exited = True
-        self._pool.poller.forget(worker)
-        worker.process.join(REAP_TIMEOUT_S)
+    def _on_worker_exit(self, worker: WorkerView) -> None:
         if self.state is not Lifecycle.RUNNING:
             return
         sent = worker.current(self._epoch_id)
+        what = None
         if sent is not None and sent.batch_index in self._pending:
             what = f"batch {sent.batch_index} ({describe_indices(self._pending[sent.batch_index].indices)})"
-            doing = f"It was sending the result of {what}." if worker.channels.results.partial else f"It was loading {what}."
-        else:
-            doing = "It had no batch in hand."
-        crash = worker.stack.crash_text() if worker.stack is not None else ""
-        self._fail(death_error(worker.process.pid, worker.process.exitcode, worker.id, doing, crash))
+        self._fail(self._pool.exit_error(worker, what))
 
-    def _break(self, worker: WorkerHandle, batch_index: Optional[int], doing: str, cause: BaseException) -> None:
-        """A message could not cross between this process and ``worker``."""
+    def _break(self, broken: Broken) -> None:
+        """A message could not cross between this process and a worker."""
+        batch_index = broken.batch_index
+        if batch_index is None:
+            sent = broken.worker.current(self._epoch_id)
+            batch_index = sent.batch_index if sent is not None else None
         planned = self._pending.get(batch_index) if batch_index is not None else None
         what = f"batch {batch_index}" if batch_index is not None else "a batch"
         if planned is not None:
             what += f" ({describe_indices(planned.indices)})"
-        # The cause's traceback starts in this executor's frame and its frames
-        # lead back (f_back) to the iterator: kept, it would keep the broken
-        # loader alive for good. Its text goes into the message instead.
+        # The cause's traceback starts in a frame below this executor's and
+        # its frames lead back (f_back) to the iterator: kept, it would keep
+        # the broken loader alive for good. Its text goes into the message instead.
+        cause = broken.cause
         below = cause.__traceback__.tb_next if cause.__traceback__ is not None else None
         where = "".join(format_tb(below)) if below is not None else ""
         cause.__traceback__ = None
-        self._fail(transport_error(doing, what, worker.describe(), cause, where))
-
+        broken.__traceback__ = None
+        self._fail(transport_error(broken.doing, what, broken.worker.describe(), cause, where))
     def _fail(self, error: BaseException) -> None:
         """The one failure path: remember, stop everything, raise; later
         calls raise the same error."""

@@ -1,0 +1,120 @@
+"""What the pool executor (pool_executor.py) asks of a set of workers,
+whether processes (pool.py) or threads (threads.py).
+
+    executor ──send(worker, tasks)──▶ Workers ──▶ worker 0..N-1
+             ◀──wait(timeout): (worker, message) … (worker, EXITED)──
+             ──decode(worker, sent, Batch)──▶ the batch's data
+
+The executor keeps the books (who has which task, in which order to
+deliver); a ``Workers`` only knows how to reach its workers, how to read
+what they send, and how to end them. What cannot cross (a task that does
+not pickle, a result that does not unpickle, a slot that does not map) is
+raised as :class:`Broken`, which the executor turns into its one failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+from .messages import Batch, Task
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A task sent to a worker and not answered yet."""
+
+    epoch_id: int
+    batch_index: int
+    slot: Optional[int]
+
+
+class _Exited:
+    def __repr__(self) -> str:
+        return "EXITED"
+
+
+#: In what ``Workers.wait`` returns: this worker has ended (after the
+#: messages it sent before, which come first).
+EXITED = _Exited()
+
+
+class Broken(Exception):
+    """A message could not cross between the main process and a worker:
+    ``doing`` ("could not send the task of") batch ``batch_index`` (None:
+    the one the worker has in hand) for ``worker``."""
+
+    def __init__(self, worker: Any, batch_index: Optional[int], doing: str, cause: BaseException):
+        super().__init__(doing)
+        self.worker = worker
+        self.batch_index = batch_index
+        self.doing = doing
+        self.cause = cause
+
+
+class WorkerView(Protocol):
+    """The executor's view of one worker (pool.WorkerHandle, threads.ThreadHandle)."""
+
+    id: int
+    #: Tasks sent and not yet answered, oldest first (a worker serves them in order).
+    outstanding: Any
+    #: False once its copy of an iterable dataset ran out this epoch.
+    active: bool
+    exited: bool
+    #: When it began the task in hand (time.monotonic()).
+    busy_since: float
+
+    @property
+    def pid(self) -> int: ...
+
+    def current(self, epoch_id: int) -> Optional[Sent]:
+        """The task of this epoch it is working on, if any."""
+
+    def describe(self) -> str:
+        """"worker 0 (pid 123)", for messages."""
+
+    def stack_text(self) -> str:
+        """Its Python stack now ("" when it cannot be had)."""
+
+
+class Workers(Protocol):
+    """A set of workers the executor drives."""
+
+    workers: list
+
+    def start(self, make_config: Callable[..., Any], num_workers: int, num_slots: int) -> None:
+        """Start ``num_workers`` workers (``make_config(worker_id, fds,
+        close_fds)`` gives each its WorkerConfig) and ``num_slots`` slots
+        for their batches; on a failure, stop what started and raise."""
+
+    @property
+    def watched(self) -> bool:
+        """Whether any worker is left to wait on."""
+
+    def send(self, worker: Any, tasks: list[Task]) -> None:
+        """Hand ``tasks`` to ``worker``, in order, without waiting."""
+
+    def wait(self, timeout_s: Optional[float]) -> list[tuple[Any, Any]]:
+        """(worker, message) for what arrived, and (worker, EXITED) for a
+        worker that ended, after its messages; [] at the timeout."""
+
+    def decode(self, worker: Any, sent: Sent, message: Batch) -> Any:
+        """The batch's data as the user gets it (numpy leaves)."""
+
+    def exit_error(self, worker: Any, what: Optional[str]) -> BaseException:
+        """The error for ``worker`` having ended while the loader ran;
+        ``what`` names the batch it had in hand ("batch 3 (sample indices
+        [6, 7])"), None when it had none."""
+
+    def lend_slot(self) -> Optional[int]: ...
+
+    def give_back(self, slot: Optional[int]) -> None: ...
+
+    def slots_in_use(self) -> int: ...
+
+    def stop(self) -> None:
+        """Stop every worker and free what they share; safe to call twice."""
+
+    def let_go(self) -> None:
+        """In a forked child: let go of this process's copies, touching
+        nothing the parent's workers see."""
