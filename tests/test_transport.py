@@ -94,6 +94,42 @@ def test_released_slots_are_reused_after_holding():
     assert len(addresses) <= 1 + 3 + 2
 
 
+def slot_bytes() -> int:
+    """Bytes held by this process's shared-memory slots (memfds named conveyor-slot)."""
+    total = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "conveyor-slot" in os.readlink(f"/proc/self/fd/{fd}"):
+                total += os.fstat(int(fd)).st_size
+        except OSError:
+            pass
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
+def test_a_slot_grown_past_the_release_size_gives_its_memory_back(monkeypatch):
+    """Batches of 786 KB with the release size set to 512 KB: a dropped
+    batch's slot is emptied, the next batch regrows it, and batches stay
+    right, held or not."""
+    from conveyor._engine import shm
+
+    monkeypatch.setattr(shm, "RELEASE_ABOVE_BYTES", 512 << 10)  # (read in the main process only)
+    loader = conveyor.DataLoader(Images(64 * 12, side=64), batch_size=64, num_workers=2, persistent_workers=True)
+    held = []
+    for b, batch in enumerate(loader):
+        check(batch, 64 * b)
+        if b % 3 == 0:
+            held.append(batch)
+    for k, batch in enumerate(held):
+        check(batch, 64 * 3 * k)
+    assert slot_bytes() >= len(held) * 64 * 3 * 64 * 64  # what is held keeps its memory
+    del held, batch
+    gc.collect()
+    assert slot_bytes() < 64 * 3 * 64 * 64  # less than one batch: every slot gave its memory back
+    for b, batch in enumerate(loader):  # and the slots grow again, right
+        check(batch, 64 * b)
+
+
 def test_custom_collate_output_is_copied_into_shared_memory():
     def stack_images(samples):
         return Pair(np.stack([s["image"] for s in samples])[:, ::-1].copy(), [s["label"] for s in samples])

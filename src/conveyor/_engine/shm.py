@@ -52,6 +52,12 @@ SPARE_SLOTS = 3
 #: A worker keeps slots up to this size mapped between tasks; bigger ones
 #: are mapped per task, so that they count once in the job's resident memory.
 _KEEP_MAPPED_MAX_BYTES = 1 << 20
+#: A slot grown past this gives its memory back once its batch is dropped.
+#: Kept, a few batches of gigabytes each would hold that much memory for
+#: good, and the job's other allocations would need fresh pages (bench l);
+#: growing it again costs what a fresh allocation costs anyway, which is
+#: small next to what such a batch takes to make.
+RELEASE_ABOVE_BYTES = 256 << 20
 #: Map slots with their pages in place (one call instead of a fault per page).
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 #: numpy dtype kinds that can live in shared memory.
@@ -351,9 +357,18 @@ class SlotPool:
         return len(self.fds) - len(self._free)
 
     def give_back(self, slot: Optional[int]) -> None:
-        """Mark a slot free (its batch was dropped, or never used it)."""
-        if slot is not None and not self.closed:
-            self._free.append(slot)
+        """Mark a slot free (its batch was dropped, or never used it). A slot
+        grown past ``RELEASE_ABOVE_BYTES`` gives its memory back first (the
+        next batch to use it grows it again, as a fresh one would)."""
+        if slot is None or self.closed:
+            return
+        try:
+            if os.fstat(self.fds[slot]).st_size > RELEASE_ABOVE_BYTES:
+                self._maps.pop(slot, None)  # (nothing uses it: every view of its batch is gone)
+                os.ftruncate(self.fds[slot], 0)
+        except (OSError, IndexError):
+            pass  # (closed meanwhile, from another thread: nothing to give back)
+        self._free.append(slot)
 
     def _mapping(self, slot: int, size: int) -> mmap.mmap:
         current = self._maps.get(slot)
