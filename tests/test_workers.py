@@ -456,6 +456,31 @@ def test_prefetch_factor_bounds_the_batches_in_flight(tmp_path, Loader, prefetch
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("prefetch_factor", [None, 2])
+def test_small_batches_run_further_ahead_only_when_prefetch_factor_is_left_to_conveyor(
+    tmp_path, Loader, prefetch_factor
+):
+    """Tiny batches cost their round trip, not memory: with prefetch_factor
+    left out, once a few batches showed they are small the workers may run
+    up to 16 batches each ahead; a prefetch_factor the user gives is kept
+    exactly, as torch's bound."""
+    log = tmp_path / "fetched"
+    loader = Loader(Logged(200, log), batch_size=1, num_workers=2, prefetch_factor=prefetch_factor)
+    ahead = []
+    for k, batch in enumerate(loader):
+        if k == 20:
+            if prefetch_factor is None:
+                wait_until(lambda: len(read_lines(log)) > 20 + 2 * 2, "the workers to run past torch's bound")
+            time.sleep(0.3)  # room for the window to fill
+            ahead.append(max(int(line[0]) for line in read_lines(log)) - k)
+    assert int(batch[0]) == 199
+    bound = 2 * (16 if prefetch_factor is None else prefetch_factor)
+    assert ahead[0] <= bound
+    if prefetch_factor is None:
+        assert ahead[0] > 2 * 2
+
+
+@pytest.mark.timeout(30)
 def test_in_order_delivers_in_sampler_order_despite_a_slow_sample(tmp_path, Loader):
     settings = dict(batch_size=2, shuffle=True, seed=3)
     dataset = Logged(12, tmp_path / "log", slow={7, 2}, delay_s=0.2)

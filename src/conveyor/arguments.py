@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import numbers
+import warnings
 from typing import Any
 
 from ._engine import portable
@@ -107,6 +108,20 @@ def check_workers(
             "persistent_workers option needs num_workers > 0 (conveyor: set num_workers, or drop "
             "persistent_workers=True)"
         )
+
+def warn_worker_count(num_workers: int, worker_method: str, available: int) -> None:
+    """torch's warning for more worker processes than usable cores (threads
+    wait on I/O, not cores: no warning)."""
+    if num_workers > available and worker_method != "thread":
+        warnings.warn(
+            f"This DataLoader will create {num_workers} worker processes in total. Our suggested "
+            f"max number of worker in current system is {available}, which is smaller than what this "
+            f"DataLoader is going to create. Please be aware that excessive worker creation might get "
+            f"DataLoader running slow or even freeze, lower the worker number to avoid potential "
+            f"slowness/freeze if necessary.",
+            stacklevel=3,
+        )
+
 
 def check_stall_warning(stall_warning: Any) -> None:
     if not isinstance(stall_warning, numbers.Real) or isinstance(stall_warning, bool):

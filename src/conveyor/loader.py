@@ -75,6 +75,9 @@ class DataLoader(Generic[T_co]):
       same; a ``__getitem__`` that draws from the global ``random`` /
       ``numpy.random`` generators is then no longer reproducible (threads
       share them), so draw from ``conveyor.sample_rng()`` instead.
+    * ``prefetch_factor`` left out: 2, as torch, except that batches under
+      32 KB may run up to 16 per worker ahead (docs/differences.md); a
+      value you give is kept exactly.
     * ``worker_method``: ``"multiprocessing"`` (default) runs workers as
       processes; ``"thread"`` runs them as threads of this process (torch's
       proposed name), for datasets that wait on I/O: no start-up, no
@@ -134,6 +137,8 @@ class DataLoader(Generic[T_co]):
         _args.check_stall_warning(stall_warning)
         _args.check_stats(collect_stats, progress)
         _args.check_reads_in_flight(reads_in_flight)
+        # Left to conveyor (not given): small batches may then keep more in flight (pool_executor.py).
+        self._prefetch_given = prefetch_factor is not None
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         iterable = _args.check_dataset(dataset)
@@ -213,23 +218,9 @@ class DataLoader(Generic[T_co]):
         if progress:
             self._stats.add_listener(_stats.ProgressBar())
         self.__initialized = True
-        self._warn_worker_count()
+        _args.warn_worker_count(num_workers, worker_method, usable_cores())
 
     # ------------------------------------------------------------ validation
-    def _warn_worker_count(self) -> None:
-        if self.num_workers == 0 or self.worker_method == "thread":  # (threads wait on I/O, not cores)
-            return
-        available = usable_cores()
-        if self.num_workers > available:
-            warnings.warn(
-                f"This DataLoader will create {self.num_workers} worker processes in total. Our suggested "
-                f"max number of worker in current system is {available}, which is smaller than what this "
-                f"DataLoader is going to create. Please be aware that excessive worker creation might get "
-                f"DataLoader running slow or even freeze, lower the worker number to avoid potential "
-                f"slowness/freeze if necessary.",
-                stacklevel=3,
-            )
-
     @property
     def multiprocessing_context(self) -> Any:
         return self.__multiprocessing_context
@@ -422,6 +413,7 @@ class DataLoader(Generic[T_co]):
                 worker_init_fn=self.worker_init_fn,
                 base_seed=base_seed,
                 stall_warning_s=float(self.stall_warning),
+                deepen_small=not self._prefetch_given,
                 timed=self._stats is not None,
             )
         )

@@ -29,7 +29,7 @@ from .errors import death_error
 from .launch import Channels, WorkerProcess, deliver_config, pickle_config, start_worker
 from .messages import Batch, Stop, Task
 from .pickling import check_picklable
-from .shm import SlotPool, StopFlag
+from .shm import INLINE_MAX_BYTES, SlotPool, StopFlag
 from .stacks import StackFile
 from .wire import pack
 from .worker import WorkerConfig, WorkerFds
@@ -40,6 +40,13 @@ from .workers import EXITED, Broken, Sent
 STOP_GRACE_S = 0.5
 #: How long to wait for a killed worker to be reaped (the kernel is quick).
 REAP_TIMEOUT_S = 2.0
+#: A batch under this many bytes (its frame and its slot bytes) is small: see
+#: WorkerPool.small_batches. The size under which batches travel inline.
+SMALL_BATCH_BYTES = INLINE_MAX_BYTES
+#: Batches over which "the recent batches" are judged, and how many must
+#: have come before any judgement.
+_SIZE_BLOCK = 64
+_SIZE_FIRST = 8
 
 
 @dataclass(eq=False)
@@ -229,6 +236,9 @@ class WorkerPool:
         self.slots: Optional[SlotPool] = None
         self.stop_flag: Optional[StopFlag] = None
         self._noted = False
+        # The largest result (frame, or bytes in its slot) of the last
+        # _SIZE_BLOCK results and of the block before: see small_batches.
+        self._sizes = [0, 0, -_SIZE_FIRST]  # (this block's max, the last block's max, results this block)
 
     def start(self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int) -> None:
         """Check that what travels pickles (spawn, forkserver), make the
@@ -323,11 +333,30 @@ class WorkerPool:
                 return
             for payload in payloads:
                 try:
-                    into.append((worker, pickle.loads(payload)))
+                    message = pickle.loads(payload)
                 except Exception as exc:
                     raise Broken(worker, None, "could not read the result of", exc) from None
+                if isinstance(message, Batch):
+                    self._note_size(len(payload) + message.used)
+                into.append((worker, message))
             if not (to_end and payloads):
                 return
+
+    def _note_size(self, nbytes: int) -> None:
+        sizes = self._sizes
+        sizes[0] = max(sizes[0], nbytes)
+        sizes[2] += 1
+        if sizes[2] >= _SIZE_BLOCK:
+            sizes[:] = [0, sizes[0], 0]
+
+    @property
+    def small_batches(self) -> bool:
+        """Whether the recent batches (at least ``_SIZE_FIRST``) were all small (under
+        ``SMALL_BATCH_BYTES``, frame and slot bytes alike): the executor
+        then keeps more of them in flight, since for such batches the cost is
+        the round trip (wake-ups, system calls), not memory."""
+        this_block, last_block, count = self._sizes
+        return count >= 0 and max(this_block, last_block) < SMALL_BATCH_BYTES
 
     def decode(self, worker: WorkerHandle, sent: Sent, message: Batch) -> Any:
         """The batch's data: views on its slot (numpy leaves), or what came

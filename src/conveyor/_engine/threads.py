@@ -107,6 +107,12 @@ class ThreadWorkers:
     def watched(self) -> bool:
         return any(not worker.exited for worker in self.workers)
 
+    @property
+    def small_batches(self) -> bool:
+        """Never judged small: a thread hands its batch over as it is, at no
+        cost per batch worth a deeper queue."""
+        return False
+
     def send(self, worker: ThreadHandle, tasks: list[Task]) -> None:
         worker.inbox.put(tasks)
 

@@ -60,6 +60,15 @@ class StallWatchdog:
             return None
         return max(0.0, self._since + self.stall_s - time.monotonic())
 
+    def wait_s(self, deadline: Optional[float]) -> Optional[float]:
+        """How long the executor may wait now: until the warning is due or
+        the ``deadline`` (a time.monotonic() reading) passes; None: no limit."""
+        waits = [self.remaining_s()]
+        if deadline is not None:
+            waits.append(max(0.0, deadline - time.monotonic()))
+        waits = [w for w in waits if w is not None]
+        return min(waits) if waits else None
+
     def due(self) -> bool:
         remaining = self.remaining_s()
         return remaining is not None and remaining <= 0

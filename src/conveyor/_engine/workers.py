@@ -91,6 +91,11 @@ class Workers(Protocol):
     def watched(self) -> bool:
         """Whether any worker is left to wait on."""
 
+    @property
+    def small_batches(self) -> bool:
+        """Whether recent batches were small enough that keeping more of
+        them in flight costs nothing worth counting."""
+
     def send(self, worker: Any, tasks: list[Task]) -> None:
         """Hand ``tasks`` to ``worker``, in order, without waiting."""
 
