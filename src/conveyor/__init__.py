@@ -36,11 +36,13 @@ from ._engine.info import WorkerInfo, get_worker_info
 from ._engine.watchdog import StallWarning
 from .sharding import ShardedIterable
 from .splits import random_split
+from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample
 from .state import Stateful
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BadSampleBudgetExceeded",
     "BatchSampler",
     "ChainDataset",
     "CompactList",
@@ -56,6 +58,8 @@ __all__ = [
     "SequentialSampler",
     "ShardedIterable",
     "ShardedSampler",
+    "SkipBudget",
+    "SkippedSample",
     "StackDataset",
     "StallWarning",
     "Stateful",

@@ -123,6 +123,54 @@ def warn_worker_count(num_workers: int, worker_method: str, available: int) -> N
         )
 
 
+def check_skip_bad_samples(value: Any, iterable: bool) -> Any:
+    """The SkipBudget ``DataLoader(skip_bad_samples=value)`` means, or None."""
+    from .skips import SkipBudget
+
+    budget = SkipBudget.of(value)
+    if budget is not None and iterable:
+        raise ValueError(
+            "skip_bad_samples needs a map-style dataset: an IterableDataset's generator cannot go on after it "
+            "raised; catch the error inside __iter__ and skip the item there instead"
+        )
+    return budget
+
+
+def check_batching(iterable: bool, shuffle: Any, sampler: Any, batch_sampler: Any, batch_size: Any, drop_last: bool) -> tuple:
+    """The sampler and batching options, checked as torch checks them (and
+    a few more); (shuffle, batch_size, drop_last) as the loader keeps them."""
+    if iterable:
+        check_iterable_options(shuffle, sampler, batch_sampler)
+    else:
+        shuffle = bool(shuffle)
+    if sampler is not None and shuffle:
+        raise ValueError(
+            "sampler option is mutually exclusive with shuffle (conveyor: a sampler decides the "
+            "order itself; pass shuffle=False, or drop sampler= and keep shuffle=True)"
+        )
+    if sampler is not None:
+        check_iterable(sampler, "sampler")
+    if batch_sampler is not None:
+        check_iterable(batch_sampler, "batch_sampler")
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError(
+                "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and "
+                "drop_last (conveyor: the batch sampler already decides batches and order; leave "
+                "those arguments at their defaults)"
+            )
+        batch_size = None
+        drop_last = False
+    elif batch_size is None:
+        if drop_last:
+            raise ValueError(
+                "batch_size=None option disables auto-batching and is mutually exclusive with "
+                "drop_last (conveyor: pass drop_last=False, or give a batch_size)"
+            )
+    else:
+        check_batch_size(batch_size)
+    return shuffle, batch_size, drop_last
+
+
 def check_stall_warning(stall_warning: Any) -> None:
     if not isinstance(stall_warning, numbers.Real) or isinstance(stall_warning, bool):
         raise TypeError(

@@ -32,6 +32,7 @@ from . import rng
 from ._engine.executor import Delivered, Executor, PlannedBatch
 from ._engine.pin import PinThread, pin_tree
 from .sampler import replay
+from .skips import BadSampleBudgetExceeded, SkipBudget, SkipLedger
 from .state import EpochProgress, Start
 from .stats import StatsRecorder
 
@@ -59,6 +60,9 @@ class PassSettings:
     stats: Optional[StatsRecorder] = None
     #: When iter(loader) was called (perf_counter).
     started_at: float = 0.0
+    #: skip_bad_samples (None: off), and the epoch's samples its fraction is of.
+    skip_budget: Optional[SkipBudget] = None
+    epoch_samples: Optional[int] = None
 
 
 class LoaderIterator:
@@ -92,6 +96,8 @@ class LoaderIterator:
         )
         self._stats = settings.stats
         self._pass_id = 0
+        budget = settings.skip_budget
+        self._skips = SkipLedger(budget, settings.epoch_samples, progress.skipped) if budget is not None else None
         if self._stats is not None:
             self._pass_id = self._stats.begin_pass(settings.started_at, _length(settings), settings.num_workers)
         self._finalizer = weakref.finalize(
@@ -110,16 +116,22 @@ class LoaderIterator:
 
     def _next(self) -> Any:
         called_at = perf_counter()
-        try:
-            delivered = self._next_batch()
-        except StopIteration as end:
-            if end.value is not None:  # where an iterable dataset's copies stand at the end
-                self._progress.copies = end.value
-            self._progress.finished = True
-            if self._stats is not None:
-                self._stats.end_pass(self._pass_id, called_at, perf_counter())
-            self._close()
-            raise StopIteration from None
+        while True:
+            try:
+                delivered = self._next_batch()
+            except StopIteration as end:
+                if end.value is not None:  # where an iterable dataset's copies stand at the end
+                    self._progress.copies = end.value
+                self._progress.finished = True
+                if self._stats is not None:
+                    self._stats.end_pass(self._pass_id, called_at, perf_counter())
+                self._close()
+                raise StopIteration from None
+            if delivered.skipped:
+                self._account_skips(delivered.skipped)
+            if not delivered.empty:
+                break
+            self._progress.delivered(delivered.index)  # (every sample skipped: nothing to give)
         if self._pin_inline:
             delivered = _pin_delivered(delivered)
         if self._stats is not None:
@@ -132,6 +144,17 @@ class LoaderIterator:
         self._num_yielded += 1
         self._check_length()
         return delivered.data
+
+    def _account_skips(self, records: tuple) -> None:
+        """Samples left out of a batch: counted, logged, checked against the
+        budget (over it: the pass ends, with every skip in the error)."""
+        if self._stats is not None:
+            self._stats.skipped(records)
+        try:
+            self._skips.add(records)
+        except BadSampleBudgetExceeded:
+            self._close()
+            raise
 
     def _check_length(self) -> None:
         settings = self._settings

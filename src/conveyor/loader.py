@@ -78,6 +78,11 @@ class DataLoader(Generic[T_co]):
     * ``prefetch_factor`` left out: 2, as torch, except that batches under
       32 KB may run up to 16 per worker ahead (docs/differences.md); a
       value you give is kept exactly.
+    * ``skip_bad_samples``: a budget for samples whose ``__getitem__``
+      raises (an int: per epoch; a float: a fraction of the epoch; or a
+      :class:`~conveyor.SkipBudget`): each is left out of its batch, logged
+      and counted in ``stats().skipped``; past the budget,
+      :class:`~conveyor.BadSampleBudgetExceeded` lists them all. Map-style only.
     * ``worker_method``: ``"multiprocessing"`` (default) runs workers as
       processes; ``"thread"`` runs them as threads of this process (torch's
       proposed name), for datasets that wait on I/O: no start-up, no
@@ -131,6 +136,7 @@ class DataLoader(Generic[T_co]):
         progress: bool = False,
         reads_in_flight: int = 1,
         worker_method: str = "multiprocessing",
+        skip_bad_samples: Any = None,
     ) -> None:
         _args.check_worker_method(worker_method)
         _args.check_workers(num_workers, timeout, prefetch_factor, persistent_workers, worker_method)
@@ -142,37 +148,10 @@ class DataLoader(Generic[T_co]):
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         iterable = _args.check_dataset(dataset)
+        self.skip_bad_samples = _args.check_skip_bad_samples(skip_bad_samples, iterable)
         _args.check_callables(collate_fn, worker_init_fn)
         _args.check_seed(seed, generator)
-        if iterable:
-            _args.check_iterable_options(shuffle, sampler, batch_sampler)
-        else:
-            shuffle = bool(shuffle)
-        if sampler is not None and shuffle:
-            raise ValueError(
-                "sampler option is mutually exclusive with shuffle (conveyor: a sampler decides the "
-                "order itself; pass shuffle=False, or drop sampler= and keep shuffle=True)"
-            )
-        if sampler is not None:
-            _args.check_iterable(sampler, "sampler")
-        if batch_sampler is not None:
-            _args.check_iterable(batch_sampler, "batch_sampler")
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError(
-                    "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and "
-                    "drop_last (conveyor: the batch sampler already decides batches and order; leave "
-                    "those arguments at their defaults)"
-                )
-            batch_size = None
-            drop_last = False
-        elif batch_size is None:
-            if drop_last:
-                raise ValueError(
-                    "batch_size=None option disables auto-batching and is mutually exclusive with "
-                    "drop_last (conveyor: pass drop_last=False, or give a batch_size)"
-                )
-        else:
-            _args.check_batch_size(batch_size)
+        shuffle, batch_size, drop_last = _args.check_batching(iterable, shuffle, sampler, batch_sampler, batch_size, drop_last)
 
         self.dataset = dataset
         self.num_workers = num_workers
@@ -391,6 +370,7 @@ class DataLoader(Generic[T_co]):
             collate_into=collate_into,
             to_torch=to_torch,
             reads_in_flight=self.reads_in_flight,
+            skip_errors=self.skip_bad_samples.errors if self.skip_bad_samples is not None else (),
         )
 
     def _start_method(self) -> str:
@@ -454,7 +434,18 @@ class DataLoader(Generic[T_co]):
             dataset=self.dataset,
             stats=self._stats,
             started_at=started_at,
+            skip_budget=self.skip_bad_samples,
+            epoch_samples=self._epoch_samples() if self.skip_bad_samples is not None else None,
         )
+
+    def _epoch_samples(self) -> Optional[int]:
+        """Samples an epoch draws (what skip_bad_samples' fraction is of):
+        the sampler's when it feeds the batches, else the dataset's length."""
+        feeds = self.batch_sampler is None or getattr(self.batch_sampler, "sampler", None) is self.sampler
+        try:
+            return len(self.sampler) if feeds else len(self.dataset)
+        except TypeError:
+            return None
 
     def _warn_pin_memory(self) -> bool:
         """Whether batches will be pinned; warns once per iterator, as torch
@@ -493,3 +484,4 @@ def _accelerator_available() -> bool:
     if accelerator is not None:
         return bool(accelerator.is_available())
     return bool(torch.cuda.is_available())
+

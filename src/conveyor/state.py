@@ -50,6 +50,7 @@ from .state_format import (
     mismatch_error,
     read_copies,
     read_position,
+    read_skipped,
     seal,
 )
 
@@ -115,6 +116,8 @@ class EpochProgress:
     #: batch (one per worker, or the one in this process), as
     #: ``Delivered.copies`` reports it; at the end, as the epoch left them.
     copies: Any = None
+    #: Samples skip_bad_samples left out this epoch (skips.SkippedSample).
+    skipped: list = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -169,6 +172,8 @@ class ResumePoint:
     copies: Any = None
     replay: Any = None
     first_batch: Optional[str] = None
+    #: Samples skip_bad_samples left out so far this epoch (skips.SkippedSample).
+    skipped: tuple = ()
 
     @property
     def count(self) -> int:
@@ -227,6 +232,7 @@ class ResumeTracker:
                 epoch, base_seed, resume.sampler_state, resume.generator_state, resume.replay, resume.first_batch
             )
             progress.position, progress.delivered_ahead = resume.position, set(resume.delivered_ahead)
+            progress.skipped = list(resume.skipped)
             copies = resume.copies
         self._next_copies = None
         self.epoch = epoch + 1
@@ -305,7 +311,9 @@ class ResumeTracker:
 
     @staticmethod
     def _inside_epoch(progress: EpochProgress) -> dict[str, Any]:
+        skipped = {"skipped": [record.to_dict() for record in progress.skipped]} if progress.skipped else {}
         return {
+            **skipped,
             "epoch": progress.epoch,
             "in_epoch": True,
             "base_seed": progress.base_seed,
@@ -402,6 +410,7 @@ class ResumeTracker:
                 copies=copies,
                 replay=state["replay"],
                 first_batch=state["first_batch"],
+                skipped=read_skipped(state.get("skipped", ())),
             )
 
 

@@ -3,12 +3,14 @@ that refuse a state that does not fit (showing both sides and the fix).
 
     {version, kind, settings, epoch, in_epoch, base_seed, position,
      delivered_ahead, sampler, generator_state, dataset_state, copies,
-     replay, first_batch, checksum}
+     replay, first_batch, [skipped], checksum}
 
 * ``settings``: what must be the same in the loader that loads the state.
 * ``copies``: iterable datasets: where each copy stood (one per worker, or
   the one of ``num_workers=0``), as ``_engine.progress.IterableProgress``
   snapshots: ``{"states": [...], "retired": [...], "next": n}``.
+* ``skipped``: present when samples were skipped this epoch
+  (``skip_bad_samples``): one dict per ``skips.SkippedSample``.
 * ``checksum``: the CRC-32 of the canonical JSON of everything else, so a
   truncated or hand-edited state is refused instead of yielding other data.
 
@@ -23,6 +25,8 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .skips import SkippedSample
 
 #: Version of the loader state layout; a state of another version is refused.
 #: 2: the copies of an iterable dataset (workers, or the one in-process) are
@@ -265,3 +269,15 @@ def read_copies(view: LoaderView, saved: Any) -> Any:
             f"{saved!r}; pass a dict returned by DataLoader.state_dict() of a loader with the same arguments"
         )
     return saved
+
+
+def read_skipped(saved: Any) -> tuple:
+    """The epoch's skipped samples (skip_bad_samples) as a state holds them
+    under the optional key ``skipped``."""
+    try:
+        return tuple(SkippedSample(**record) for record in saved)
+    except TypeError as exc:
+        raise ValueError(
+            f"DataLoader.load_state_dict: the state's skipped samples are not as DataLoader.state_dict() "
+            f"writes them ({exc}); pass a dict it returned"
+        ) from None

@@ -39,6 +39,7 @@ from .compact import CompactList  # noqa: F401  (re-exported)
 from .state import Stateful  # noqa: F401  (re-exported)
 from ._engine.info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
 from .rng import SampleRandom, sample_rng  # noqa: F401  (re-exported)
+from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample  # noqa: F401  (re-exported)
 from ._engine.errors import TransportError, WorkerDiedError  # noqa: F401  (re-exported)
 from ._engine.watchdog import StallWarning  # noqa: F401  (re-exported)
 

@@ -234,6 +234,19 @@ def worker_ended_error(fatal: Fatal, pid: int) -> Optional[WorkerDiedError]:
     return error
 
 
+def batch_error(failure: Any, who: str, batch_index: int, indices: Any) -> BaseException:
+    """The exception a batch's loading raised in ``who`` ("worker pid 12"),
+    rebuilt with its context; ``batch_index`` and ``indices`` set on it when
+    it takes attributes."""
+    error = rebuild_exception(failure, f"(conveyor: {who}, batch {batch_index}, {describe_indices(indices)})")
+    for name, value in (("batch_index", batch_index), ("indices", indices)):
+        try:
+            setattr(error, name, value)
+        except Exception:
+            pass
+    return error
+
+
 def death_error(pid: int, exitcode: Optional[int], worker_id: int, doing: str, crash_stack: str) -> WorkerDiedError:
     """A worker that died: how (signal or code), what it was doing, and its
     Python stack if it crashed."""

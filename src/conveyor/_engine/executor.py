@@ -22,7 +22,7 @@ from typing import Any, Iterator, NamedTuple, Optional, Protocol
 import threading
 
 from .cpu import ThreadClock
-from .fetch import EndOfData, FetchSpec, StageClock, fetch_in_main, make_fetcher
+from .fetch import EmptyBatch, EndOfData, FetchSpec, StageClock, fetch_in_main, make_fetcher
 from .messages import LoadTimes, pack_load_times, unpack_load_times
 
 
@@ -115,6 +115,10 @@ class Delivered(NamedTuple):
     copies: Optional[dict] = None
     #: Where the batch's time went (None when stats are off or it failed).
     timings: Optional[Timings] = None
+    #: Samples left out of it (skip_bad_samples): skips.SkippedSample records.
+    skipped: tuple = ()
+    #: Every sample was left out: nothing to give the user for this index.
+    empty: bool = False
 
 
 class Executor(Protocol):
@@ -175,10 +179,15 @@ class InProcessExecutor:
             data = fetch_in_main(self._fetcher, task.indices, task.seed, clock)
         except EndOfData:
             raise StopIteration(self._copies()) from None
+        except EmptyBatch:
+            return Delivered(task.batch_index, skipped=self._skipped(task), empty=True)
         except Exception as error:
             return Delivered(task.batch_index, error=error, copies=self._copies())
         timings = None if clock is None else _timings(task, clock, *self._cpu.used())
-        return Delivered(task.batch_index, data, copies=self._copies(), timings=timings)
+        return Delivered(task.batch_index, data, copies=self._copies(), timings=timings, skipped=self._skipped(task))
+
+    def _skipped(self, task: PlannedBatch) -> tuple:
+        return skipped_records(self._fetcher.skipped, task.batch_index, "the main process")
 
     def _start_clock(self) -> StageClock:
         """A clock for the batch; the CPU figures from now on (read around
@@ -206,6 +215,15 @@ class InProcessExecutor:
         close = getattr(self._fetcher, "close", None)
         if close is not None:
             close()  # (the reading threads of reads_in_flight)
+
+
+def skipped_records(raw: Any, batch_index: int, worker: str) -> tuple:
+    """The SkippedSample records of a batch's skips, as the fetcher noted them."""
+    if not raw:
+        return ()
+    from ..skips import SkippedSample
+
+    return tuple(SkippedSample(index, batch_index, worker, error, tb) for index, error, tb in raw)
 
 
 def _timings(task: PlannedBatch, clock: StageClock, cpu_s: float, cpu_wait_s: float) -> Timings:

@@ -7,6 +7,7 @@ which is what makes a batch the same whatever the number of workers.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor, wait
+from traceback import format_exception
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
@@ -22,6 +23,11 @@ Allocate = _collate.Allocator
 
 class EndOfData(Exception):
     """An iterable dataset ran out (inside the fetcher; never reaches users)."""
+
+
+class EmptyBatch(Exception):
+    """Every sample of the batch was skipped (``skip_bad_samples``); the
+    fetcher's ``skipped`` says why (inside the engine; never reaches users)."""
 
 
 class StageClock:
@@ -56,6 +62,9 @@ class FetchSpec:
     #: Samples of one batch read at once, in threads of the loading process
     #: (``DataLoader(reads_in_flight=)``); 1: one after another.
     reads_in_flight: int = 1
+    #: Exception types for which a sample is left out of its batch
+    #: (``DataLoader(skip_bad_samples=)``, skips.py); empty: none.
+    skip_errors: tuple = ()
 
     def collate(self, samples: Any, allocate: Optional[Allocate]) -> Any:
         """``collate_fn(samples)``, or the numpy route into ``allocate`` when
@@ -93,6 +102,8 @@ class MapFetcher:
     def __init__(self, spec: FetchSpec, worker_id: int = 0):
         self.spec = spec
         self._readers: Optional[ThreadPoolExecutor] = None
+        #: The last batch's skipped samples: (index, "Type: message", traceback text).
+        self.skipped: list = []
 
     def seed_for(self, task_seed: Optional[int]) -> Optional[int]:
         """A map-style task carries its batch's seed: derive_seed(base_seed, batch index)."""
@@ -103,9 +114,14 @@ class MapFetcher:
         generators (rng.sample_rng), the batch's while collating."""
         spec, dataset = self.spec, self.spec.dataset
         sample = rng.thread_sample_random()
+        if self.skipped:
+            self.skipped = []
         if not spec.auto_collation:
             sample.at(0)
             samples, count = dataset[indices], 1
+        elif spec.skip_errors:
+            samples = self._read_skipping(indices, sample)
+            count = len(samples)
         elif hasattr(dataset, "__getitems__"):
             samples = fetch_many(dataset, indices)
             count = len(samples)
@@ -128,12 +144,42 @@ class MapFetcher:
         """``[dataset[i] for i in indices]``, up to ``reads_in_flight`` at a
         time; the first failing read (in index order) raises, after the
         others of the batch have finished."""
+        return [future.result() for future in self._submit(indices, root)]
+
+    def _submit(self, indices: Any, root: Any) -> list:
+        """Every read of the batch, done (as futures, in index order)."""
         if self._readers is None:
             self._readers = ThreadPoolExecutor(self.spec.reads_in_flight, thread_name_prefix="conveyor-read")
         worker = _info.get_worker_info()
         futures = [self._readers.submit(self._read, worker, root, k, i) for k, i in enumerate(indices)]
         wait(futures)
-        return [future.result() for future in futures]
+        return futures
+
+    def _read_skipping(self, indices: Any, sample: Any) -> list:
+        """The samples at ``indices`` that load, in order; each that raises
+        one of ``skip_errors`` is left out and noted in ``skipped``.
+        ``__getitems__`` is tried first; when it raises such an error, the
+        samples are read one by one to find the bad ones."""
+        spec, dataset = self.spec, self.spec.dataset
+        if hasattr(dataset, "__getitems__"):
+            try:
+                return fetch_many(dataset, indices)
+            except spec.skip_errors:
+                pass
+        futures = self._submit(indices, sample.root) if spec.reads_in_flight > 1 else None
+        kept = []
+        for k, i in enumerate(indices):
+            try:
+                if futures is not None:
+                    kept.append(futures[k].result())
+                else:
+                    sample.at(k)
+                    kept.append(dataset[i])
+            except spec.skip_errors as exc:
+                self.skipped.append((i, f"{type(exc).__name__}: {exc}", "".join(format_exception(exc))))
+        if not kept:
+            raise EmptyBatch
+        return kept
 
     def _read(self, worker: Any, root: Any, key: int, index: Any) -> Any:
         """One read, in a reading thread: it answers get_worker_info() as
@@ -159,6 +205,8 @@ class IterableFetcher:
         self.worker_id = worker_id
         self._iterator: Optional[Iterator[Any]] = None
         self.ended = False
+        #: Never skips (skip_bad_samples is for map-style datasets): always empty.
+        self.skipped: list = []
         #: Batches this process's copy has been asked for this epoch.
         self.served = 0
 

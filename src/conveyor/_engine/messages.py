@@ -96,6 +96,10 @@ class Batch:
     worker_state: Any = None
     #: ``pack_load_times(...)`` of a LoadTimes' fields; None when stats are off.
     times: Optional[bytes] = None
+    #: Samples left out (skip_bad_samples): (index, "Type: message", traceback).
+    skipped: tuple = ()
+    #: Every sample was left out: no data, no batch for the user.
+    empty: bool = False
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ from time import perf_counter
 from traceback import format_tb
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
-from .errors import add_note, describe_indices, rebuild_exception, transport_error, worker_ended_error
-from .executor import Delivered, PlannedBatch, Timings, pack_delivery_times
+from .errors import add_note, batch_error, describe_indices, rebuild_exception, transport_error, worker_ended_error
+from .executor import Delivered, PlannedBatch, Timings, pack_delivery_times, skipped_records
 from .fetch import FetchSpec
 from .messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
 from ..collate import to_torch
@@ -110,6 +110,8 @@ class _Finished(NamedTuple):
     sampler_s: float = 0.0
     decode_s: float = 0.0
     arrived_at: float = 0.0
+    skipped: tuple = ()
+    empty: bool = False
 
 
 class PoolExecutor:
@@ -247,7 +249,9 @@ class PoolExecutor:
         if progress is not None:
             progress.delivered(finished.worker.id, finished.worker_state)
             copies = progress.snapshot()
-        return Delivered(finished.index, finished.data, finished.error, copies, self._timings(finished))
+        return Delivered(
+            finished.index, finished.data, finished.error, copies, self._timings(finished), finished.skipped, finished.empty
+        )
 
     def _timings(self, finished: _Finished) -> Optional[Timings]:
         if finished.times is None:
@@ -353,10 +357,15 @@ class PoolExecutor:
         index = message.batch_index
         if isinstance(message, Batch):
             arrived_at = perf_counter()
-            data, error = self._decode(worker, sent, planned, message)
+            if message.empty:  # (every sample skipped: nothing in its slot)
+                self._pool.give_back(sent.slot)
+                data, error = None, None
+            else:
+                data, error = self._decode(worker, sent, planned, message)
             decoded = _Finished(
                 index, worker, data, error, message.worker_state,
                 message.times, planned.sampler_s, perf_counter() - arrived_at, arrived_at,
+                skipped_records(message.skipped, index, worker.describe()), message.empty,
             )  # fmt: skip
             self._reorder.put(index, decoded)
             return
@@ -368,14 +377,7 @@ class PoolExecutor:
             self._reorder.retire(index)
         elif isinstance(message, TaskFailed):
             who = worker.describe() if self.config.threads else f"worker pid {message.failure.pid}"
-            context = f"(conveyor: {who}, batch {index}, {describe_indices(planned.indices)})"
-            error = rebuild_exception(message.failure, context)
-            for name, value in (("batch_index", index), ("indices", planned.indices)):
-                try:
-                    setattr(error, name, value)
-                except Exception:
-                    pass
-            self._reorder.put(index, _Finished(index, worker, error=error))
+            self._reorder.put(index, _Finished(index, worker, error=batch_error(message.failure, who, index, planned.indices)))
 
     def _decode(self, worker: WorkerView, sent: Sent, planned: PlannedBatch, message: Batch) -> tuple[Any, Any]:
         """(the batch as the user gets it, tensors if asked; None) or, when

@@ -42,7 +42,7 @@ from . import info as _info
 from . import stacks
 from .errors import capture_failure
 from .cpu import ThreadClock
-from .fetch import EndOfData, FetchSpec, StageClock, fetch_seeded, make_fetcher
+from .fetch import EmptyBatch, EndOfData, FetchSpec, StageClock, fetch_seeded, make_fetcher
 from .info import WorkerInfo
 from .messages import Batch, Exhausted, Fatal, Ready, Stop, Task, TaskFailed, pack_load_times
 from ..collate import allocate_batch
@@ -338,6 +338,10 @@ class Serving:
             if clock is not None:
                 times = self._times(clock)
             message = Batch(task.epoch_id, task.batch_index, wid, data, used, size, times=times)
+            if fetcher.skipped:
+                message = dataclasses.replace(message, skipped=tuple(fetcher.skipped))
+        except EmptyBatch:
+            message = Batch(task.epoch_id, task.batch_index, wid, None, skipped=tuple(fetcher.skipped), empty=True)
         except EndOfData:
             message = Exhausted(task.epoch_id, task.batch_index, wid)
         except (SystemExit, KeyboardInterrupt):

@@ -62,6 +62,8 @@ class StatsRecorder:
         self._lock = threading.RLock()
         #: The pass being recorded; batches of an older iterator still running are not.
         self._pass_id = 0
+        #: Samples skip_bad_samples left out (skips.SkippedSample), in order.
+        self._skipped: list = []
         #: One column per stage, in STAGES order: the latest batches' seconds.
         self._columns = tuple(array("d") for _ in STAGES)
         #: Batches not yet in the columns: their Timings' two parts, the
@@ -135,6 +137,11 @@ class StatsRecorder:
             listener.begin_pass(self, total)
         self._due = min((each.due_at() for each in self._listeners), default=float("inf"))
         return pass_id
+
+    def skipped(self, records: tuple) -> None:
+        """Samples left out of a batch (skips.SkippedSample records)."""
+        with self._lock:
+            self._skipped.extend(records)
 
     def batch(self, pass_id: int, delivered: Any, called_at: float, returned_at: float) -> None:
         """``next()`` was called at ``called_at`` and returned ``delivered``
@@ -294,6 +301,7 @@ class StatsRecorder:
                 worker_start_s=self.worker_start_s,
                 worker_starts=self.worker_starts,
                 slots_in_use=self.slots_in_use,
+                skipped=tuple(self._skipped),
             )
         stats = _stats_from(mark, columns, extras, self.num_workers)
         if since is None or since._mark is None:

@@ -132,6 +132,9 @@ class LoaderStats:
     passes: int
     #: Stage name -> StageStats, for every name in ``STAGES``.
     stages: Mapping[str, StageStats]
+    #: Samples left out by skip_bad_samples since the loader was made
+    #: (skips.SkippedSample: index, batch, worker, error), in order.
+    skipped: tuple = ()
     interval: Optional["LoaderStats"] = None
     _mark: Optional[Mark] = field(default=None, repr=False, compare=False)
 
@@ -189,6 +192,7 @@ class LoaderStats:
             "slots_in_use": self.slots_in_use,
             "passes": self.passes,
             "stages": {name: stage.to_dict() for name, stage in self.stages.items()},
+            "skipped": [record.to_dict() for record in self.skipped],
         }
         if self.interval is not None:
             out["interval"] = self.interval.to_dict()
