@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..arguments import is_iterable_dataset
+from .factory import FactoryError, load_factory
 from ..stats.verdict import INPUT_BOUND_WAIT
 from .._engine.cpu import usable_cores
 
@@ -52,7 +53,7 @@ _MB = 1 << 20
 _GB = 1 << 30
 
 
-class TuneError(Exception):
+class TuneError(FactoryError):
     """A FACTORY or an option that cannot be used: printed without traceback, exit status 2."""
 
 
@@ -79,52 +80,6 @@ class Result:
 
 
 # ------------------------------------------------------------ the factory
-def load_factory(spec: str) -> Callable[[], Any]:
-    """``module:name`` or ``path/to/file.py:name`` -> the callable; TuneError when it cannot be found."""
-    where, colon, name = spec.rpartition(":")  # rpartition: a Windows path has a colon of its own
-    if not colon or not where or not name:
-        raise TuneError(f"expected MODULE:FACTORY (e.g. mypkg.data:make_dataset or path/to/file.py:make), got {spec!r}")
-    if where.endswith(".py") or "/" in where or os.sep in where:
-        module = _import_file(Path(where))
-    else:
-        if os.getcwd() not in sys.path:  # as with `python -m`: modules in the current folder import
-            sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(where)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not (where == exc.name or where.startswith(exc.name + ".")):
-                raise  # the module imports something missing: its own traceback says what
-            raise TuneError(
-                f"cannot import {where!r}: no module named {exc.name!r} in this folder or on sys.path "
-                f"(run from the folder that holds it, or pass path/to/file.py:{name})"
-            ) from None
-    factory = getattr(module, name, None)
-    if factory is None:
-        raise TuneError(f"module {where!r} has no attribute {name!r}")
-    if not callable(factory):
-        raise TuneError(f"{spec} is a {type(factory).__name__}, not a function returning a dataset or a DataLoader")
-    return factory
-
-
-def _import_file(path: Path) -> Any:
-    if not path.is_file():
-        raise TuneError(f"no such file: {path}")
-    path = path.resolve()
-    # Its folder on sys.path and its stem as its name, so that spawn and
-    # forkserver workers (given this sys.path) import it by reference.
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    name, existing = path.stem, sys.modules.get(path.stem)
-    if existing is not None and getattr(existing, "__file__", None) == str(path):
-        return existing
-    if existing is not None:  # the stem names another module: leave that one alone
-        name = f"_conveyor_tune_{name}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def loader_builder(made: Any, batch_size: int, use_torch: bool) -> tuple[Callable[[Result], Any], str, bool]:
     """(setting -> fresh loader, a description, whether batch_size can vary) for what FACTORY returned."""
     import conveyor
@@ -477,7 +432,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except TuneError as exc:
+    except FactoryError as exc:
         print(f"conveyor tune: error: {exc}", file=sys.stderr)
         return 2
 
