@@ -39,6 +39,10 @@ Workloads:
      job over an epoch (bench/list_memory.py). MB.
   l  one 2 GB sample per batch (made anew), 4 batches, 2 workers; the
      consumer reads a byte of every page. Seconds from iter() to the end.
+  m  20,000 files of 8 KB, loose and packed into shards (conveyor pack), read
+     once in a shuffled order with a cold page cache, 2 workers: torch and
+     conveyor over the files, conveyor over ShardDataset, and the shards
+     streamed whole (bench/shards.py). samples/s.
   h  the cost of stats: (b) through conveyor with collect_stats on and off,
      10,000 batches a run, twice the rounds (the difference is small, the
      noise is not): batches/s ("overhead": 1 - the median of each round's
@@ -405,7 +409,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=5, help="A B rounds per workload (default 5)")
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l", help="comma-separated workloads to run")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m", help="comma-separated workloads to run")
     args = parser.parse_args()
     only = set(args.only.split(","))
     import torch
@@ -473,6 +477,10 @@ def main() -> int:
         import list_memory
 
         report["list_memory"] = list_memory.run(list_memory.parse_args([]))
+    if "m" in only:
+        import shards
+
+        report["shards"] = shards.run(shards.parse_args(["--rounds", str(max(2, args.rounds // 2))]))
     if "i" in only:
         import distributed
 
@@ -498,6 +506,8 @@ def main() -> int:
             print("f_resume: " + json.dumps(report["resume"]))
         for name, result in report.get("list_memory", {}).get("results", {}).items():
             print(f"k_list_memory {name}: +{result['growth_MB']} MB")
+        if "shards" in report:
+            print("m_shards: " + json.dumps(report["shards"]["samples_per_s"]))
         for rank in report.get("distributed", {}).get("ranks", []):
             print(f"i_distributed rank {rank['rank']}: conveyor {rank['conveyor']:,.0f}  torch {rank['torch']:,.0f}  ratio {rank['ratio']:.2f}")
     return 0

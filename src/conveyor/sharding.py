@@ -31,7 +31,7 @@ from .dataset import IterableDataset
 EVEN_POLICIES = (None, "drop", "pad")
 
 
-def _distributed_world() -> tuple[int, int]:
+def distributed_world() -> tuple[int, int]:
     """(world size, rank): from torch.distributed when torch is loaded and a
     process group is up; else from torchrun's ``WORLD_SIZE`` and ``RANK``
     (set for every process it starts, also before the group is made, and
@@ -58,7 +58,7 @@ def _distributed_world() -> tuple[int, int]:
     return 1, 0
 
 
-def _torch_worker_info() -> Any:
+def torch_worker_info() -> Any:
     """torch.utils.data's worker info, when torch's own DataLoader runs this
     dataset (never imports torch)."""
     torch = sys.modules.get("torch")
@@ -131,13 +131,13 @@ class ShardedIterable(IterableDataset):
     def world(self) -> tuple[int, int]:
         """(number of replicas, this replica's rank)."""
         if self.num_replicas is None:
-            return _distributed_world()
+            return distributed_world()
         return self.num_replicas, self.rank
 
     def shard(self) -> tuple[int, int]:
         """(this shard's number, number of shards) in the current process."""
         replicas, rank = self.world()
-        info = get_worker_info() or _torch_worker_info()
+        info = get_worker_info() or torch_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         return rank + replicas * worker, replicas * workers
 

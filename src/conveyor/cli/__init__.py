@@ -1,4 +1,4 @@
-"""Command line: ``conveyor demo | doctor | tune``.
+"""Command line: ``conveyor demo | doctor | tune | pack``.
 
 Each command is a module of this package with ``add_arguments(parser)`` and
 ``run(args) -> int`` (the exit status); its docstring's first line is its help.
@@ -16,6 +16,7 @@ COMMANDS = {
     "demo": "demo",
     "doctor": "doctor",
     "tune": "tune",
+    "pack": "pack",
 }
 
 

@@ -1,0 +1,175 @@
+"""Reading shards: a map-style dataset with random access, and a stream.
+
+    ShardDataset(path)  ──▶ the shards (a folder with manifest.json, a list, a glob)
+                        ──▶ each shard's index (its .idx file, or its headers read once)
+    dataset[i]          ──▶ shard, sample ──▶ its members' bytes from the memory-mapped tar
+                        ──▶ {"__key__": key, "jpg": b"...", "cls": 3} (decoded by extension)
+    dataset.stream(...) ──▶ an IterableDataset: whole shards in turn, shuffled by shard
+
+Random access costs no ``open`` per sample: each process maps each shard
+once, on first use (a map inherited through fork is dropped and made anew,
+and a pickled dataset travels without its maps). So shuffling, exact resume
+and identical batches for any number of workers hold as for any map-style
+dataset.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import mmap
+import os
+import random
+from bisect import bisect_right
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from .._engine.info import get_worker_info
+from ..dataset import IterableDataset
+from ..sharding import distributed_world, torch_worker_info
+from .records import ShardIndex, decode_member
+
+MANIFEST = "manifest.json"
+
+
+def shard_paths(source: Union[str, os.PathLike, Sequence]) -> list[str]:
+    """The shards ``source`` names: a folder (its manifest's shards, else its
+    ``*.tar`` files, sorted), a glob pattern, one tar, or a list of tars."""
+    if isinstance(source, (list, tuple)):
+        return [str(p) for p in source]
+    source = str(source)
+    if os.path.isdir(source):
+        manifest = os.path.join(source, MANIFEST)
+        if os.path.exists(manifest):
+            with open(manifest) as f:
+                return [os.path.join(source, shard["name"]) for shard in json.load(f)["shards"]]
+        return sorted(glob.glob(os.path.join(source, "*.tar")))
+    if any(c in source for c in "*?["):
+        return sorted(glob.glob(source))
+    return [source]
+
+
+def index_for(path: str) -> ShardIndex:
+    """A shard's index: its ``.idx`` file when there is one (conveyor pack
+    writes it), else read from the tar's headers."""
+    saved = path + ".idx"
+    if os.path.exists(saved) and os.path.getmtime(saved) >= os.path.getmtime(path):
+        return ShardIndex.load(saved)
+    return ShardIndex.scan(path)
+
+
+class ShardDataset:
+    """A map-style dataset over tar shards in the WebDataset layout (written
+    by ``conveyor pack`` or by the ``webdataset`` package).
+
+    Sample ``i`` is a dict: ``"__key__"`` and one entry per member, decoded
+    by its extension (``cls`` an int, ``txt`` text, ``json``, ``npy`` an
+    array; ``jpg`` and the like stay bytes). ``decode=False`` keeps every
+    member as bytes; ``transform`` is applied to the dict (decode an image
+    there). Example::
+
+        ds = ShardDataset("shards/", transform=lambda s: (to_tensor(s["jpg"]), s["cls"]))
+        loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=8)
+    """
+
+    def __init__(self, source: Any, transform: Optional[Callable[[dict], Any]] = None, decode: bool = True):
+        self.paths = shard_paths(source)
+        if not self.paths:
+            raise ValueError(f"no shards found at {source!r} (a folder of .tar files, a glob, or a list of paths)")
+        missing = [p for p in self.paths if not os.path.exists(p)]
+        if missing:
+            raise FileNotFoundError(f"shards not found: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        self.indexes = [index_for(path) for path in self.paths]
+        #: Sample number where each shard begins (and the total at the end).
+        self.firsts = np.cumsum([0] + [len(index) for index in self.indexes]).tolist()
+        self.transform = transform
+        self.decode = decode
+        self._maps: dict[int, mmap.mmap] = {}
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return self.firsts[-1]
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(shard number, sample number within it) of sample ``i``."""
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} is out of range for {len(self)} samples")
+        shard = bisect_right(self.firsts, i) - 1
+        return shard, i - self.firsts[shard]
+
+    def _map(self, shard: int) -> mmap.mmap:
+        if self._pid != os.getpid():  # (forked: this process maps its own)
+            self._maps, self._pid = {}, os.getpid()
+        mapped = self._maps.get(shard)
+        if mapped is None:
+            with open(self.paths[shard], "rb") as f:
+                mapped = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return mapped
+
+    def raw(self, i: int) -> dict:
+        """Sample ``i``'s members as bytes, by extension, with its ``__key__``."""
+        shard, s = self.locate(i)
+        index, data = self.indexes[shard], self._map(shard)
+        sample = {"__key__": str(index.keys[s])}
+        for m in range(index.starts[s], index.starts[s + 1]):
+            offset = int(index.offsets[m])
+            sample[index.exts[index.ext_ids[m]]] = data[offset : offset + int(index.sizes[m])]
+        return sample
+
+    def __getitem__(self, i: int) -> Any:
+        sample = self.raw(i)
+        if self.decode:
+            sample = {ext: value if ext == "__key__" else decode_member(ext, value) for ext, value in sample.items()}
+        return self.transform(sample) if self.transform is not None else sample
+
+    def stream(self, shuffle_shards: bool = False, seed: int = 0) -> "ShardStream":
+        """The same samples as an IterableDataset that reads whole shards in
+        turn (sequential reads), shuffled by shard when asked."""
+        return ShardStream(self, shuffle_shards, seed)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_maps"] = {}  # (maps do not travel; each process makes its own)
+        return state
+
+    def __repr__(self) -> str:
+        return f"ShardDataset({len(self.paths)} shards, {len(self)} samples)"
+
+
+class ShardStream(IterableDataset):
+    """Whole shards in turn, each read front to back; the shards are shared
+    out among workers (and ranks, as ``ShardedIterable`` does) by number, and
+    shuffled per epoch with ``shuffle_shards`` (``set_epoch`` moves it on).
+    Samples within a shard keep their order."""
+
+    def __init__(self, dataset: ShardDataset, shuffle_shards: bool = False, seed: int = 0):
+        self.dataset, self.shuffle_shards, self.seed = dataset, shuffle_shards, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def shards(self) -> list[int]:
+        """This worker's shards this epoch, in order."""
+        order = list(range(len(self.dataset.paths)))
+        if self.shuffle_shards:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        world, rank = distributed_world()
+        info = get_worker_info() or torch_worker_info()  # (conveyor's loader, or torch's)
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return order[rank * workers + worker :: world * workers]
+
+    def __iter__(self) -> Iterator[Any]:
+        ds = self.dataset
+        for shard in self.shards():
+            for s in range(len(ds.indexes[shard])):
+                yield ds[ds.firsts[shard] + s]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
+__all__ = ["ShardDataset", "ShardStream", "shard_paths"]
