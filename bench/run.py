@@ -43,6 +43,10 @@ Workloads:
      once in a shuffled order with a cold page cache, 2 workers: torch and
      conveyor over the files, conveyor over ShardDataset, and the shards
      streamed whole (bench/shards.py). samples/s.
+  n  600 objects of 4 KB in an S3-compatible store (moto's server on
+     127.0.0.1, in a process of its own) with 20 ms per request, read through
+     fsspec/s3fs: torch with 2 workers; conveyor with 2 processes x 8 reads
+     in flight, and 8 threads x 4 (bench/store.py). samples/s.
   h  the cost of stats: (b) through conveyor with collect_stats on and off,
      10,000 batches a run, twice the rounds (the difference is small, the
      noise is not): batches/s ("overhead": 1 - the median of each round's
@@ -409,7 +413,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=5, help="A B rounds per workload (default 5)")
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m", help="comma-separated workloads to run")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m,n", help="comma-separated workloads to run")
     args = parser.parse_args()
     only = set(args.only.split(","))
     import torch
@@ -481,6 +485,10 @@ def main() -> int:
         import shards
 
         report["shards"] = shards.run(shards.parse_args(["--rounds", str(max(2, args.rounds // 2))]))
+    if "n" in only:
+        import store
+
+        report["store"] = store.run(store.parse_args(["--objects", "600", "--rounds", str(max(2, args.rounds // 2))]))
     if "i" in only:
         import distributed
 
@@ -506,6 +514,8 @@ def main() -> int:
             print("f_resume: " + json.dumps(report["resume"]))
         for name, result in report.get("list_memory", {}).get("results", {}).items():
             print(f"k_list_memory {name}: +{result['growth_MB']} MB")
+        if "store" in report:
+            print("n_store: " + json.dumps(report["store"]["samples_per_s"]))
         if "shards" in report:
             print("m_shards: " + json.dumps(report["shards"]["samples_per_s"]))
         for rank in report.get("distributed", {}).get("ranks", []):

@@ -5,6 +5,8 @@
     dataset[i]          ──▶ shard, sample ──▶ its members' bytes from the memory-mapped tar
                         ──▶ {"__key__": key, "jpg": b"...", "cls": 3} (decoded by extension)
     dataset.stream(...) ──▶ an IterableDataset: whole shards in turn, shuffled by shard
+    store=Store(...)    ──▶ shards in an object store: a sample by one ranged read;
+                            a stream by whole shards in the local cache, the next ones prefetched
 
 Random access costs no ``open`` per sample: each process maps each shard
 once, on first use (a map inherited through fork is dropped and made anew,
@@ -16,6 +18,7 @@ dataset.
 from __future__ import annotations
 
 import glob
+import io
 import json
 import mmap
 import os
@@ -33,11 +36,20 @@ from .records import ShardIndex, decode_member
 MANIFEST = "manifest.json"
 
 
-def shard_paths(source: Union[str, os.PathLike, Sequence]) -> list[str]:
+def shard_paths(source: Union[str, os.PathLike, Sequence], store: Any = None) -> list[str]:
     """The shards ``source`` names: a folder (its manifest's shards, else its
-    ``*.tar`` files, sorted), a glob pattern, one tar, or a list of tars."""
+    ``*.tar`` files, sorted), a glob pattern, one tar, or a list of tars; in
+    ``store`` (a conveyor.Store) when given, a folder of it."""
     if isinstance(source, (list, tuple)):
         return [str(p) for p in source]
+    if store is not None:
+        folder = str(source).strip("/")
+        found = store.list(folder)
+        manifest = f"{folder}/{MANIFEST}" if folder else MANIFEST
+        if manifest in found:
+            names = [shard["name"] for shard in json.loads(store.read(manifest))["shards"]]
+            return [f"{folder}/{name}" if folder else name for name in names]
+        return [p for p in found if p.endswith(".tar")]
     source = str(source)
     if os.path.isdir(source):
         manifest = os.path.join(source, MANIFEST)
@@ -50,9 +62,15 @@ def shard_paths(source: Union[str, os.PathLike, Sequence]) -> list[str]:
     return [source]
 
 
-def index_for(path: str) -> ShardIndex:
+def index_for(path: str, store: Any = None) -> ShardIndex:
     """A shard's index: its ``.idx`` file when there is one (conveyor pack
-    writes it), else read from the tar's headers."""
+    writes it), else read from the tar's headers (for a shard in a store,
+    from its local copy)."""
+    if store is not None:
+        try:
+            return ShardIndex.load(io.BytesIO(store.read(path + ".idx")))
+        except FileNotFoundError:
+            return ShardIndex.scan(store.fetch(path))
     saved = path + ".idx"
     if os.path.exists(saved) and os.path.getmtime(saved) >= os.path.getmtime(path):
         return ShardIndex.load(saved)
@@ -73,14 +91,17 @@ class ShardDataset:
         loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=8)
     """
 
-    def __init__(self, source: Any, transform: Optional[Callable[[dict], Any]] = None, decode: bool = True):
-        self.paths = shard_paths(source)
+    def __init__(
+        self, source: Any, transform: Optional[Callable[[dict], Any]] = None, decode: bool = True, store: Any = None
+    ):
+        self.store = store
+        self.paths = shard_paths(source, store)
         if not self.paths:
             raise ValueError(f"no shards found at {source!r} (a folder of .tar files, a glob, or a list of paths)")
-        missing = [p for p in self.paths if not os.path.exists(p)]
+        missing = [p for p in self.paths if store is None and not os.path.exists(p)]
         if missing:
             raise FileNotFoundError(f"shards not found: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-        self.indexes = [index_for(path) for path in self.paths]
+        self.indexes = [index_for(path, store) for path in self.paths]
         #: Sample number where each shard begins (and the total at the end).
         self.firsts = np.cumsum([0] + [len(index) for index in self.indexes]).tolist()
         self.transform = transform
@@ -100,22 +121,40 @@ class ShardDataset:
         shard = bisect_right(self.firsts, i) - 1
         return shard, i - self.firsts[shard]
 
-    def _map(self, shard: int) -> mmap.mmap:
+    def open_shard(self, shard: int) -> mmap.mmap:
+        """Map shard ``shard`` (from a store: its local copy, fetched into the
+        cache first); its samples are then read from the map."""
         if self._pid != os.getpid():  # (forked: this process maps its own)
             self._maps, self._pid = {}, os.getpid()
         mapped = self._maps.get(shard)
         if mapped is None:
-            with open(self.paths[shard], "rb") as f:
+            path = self.paths[shard] if self.store is None else self.store.fetch(self.paths[shard])
+            with open(path, "rb") as f:
                 mapped = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return mapped
 
+    def close_shard(self, shard: int) -> None:
+        """Let go of a shard's map (a stream is done with it)."""
+        mapped = self._maps.pop(shard, None) if self._pid == os.getpid() else None
+        if mapped is not None:
+            mapped.close()
+
     def raw(self, i: int) -> dict:
-        """Sample ``i``'s members as bytes, by extension, with its ``__key__``."""
+        """Sample ``i``'s members as bytes, by extension, with its ``__key__``:
+        from the shard's map, or (a shard in a store not fetched whole) by
+        one ranged read of the sample's bytes."""
         shard, s = self.locate(i)
-        index, data = self.indexes[shard], self._map(shard)
+        index = self.indexes[shard]
+        members = range(index.starts[s], index.starts[s + 1])
+        if self.store is not None and (self._pid != os.getpid() or shard not in self._maps):
+            base = int(index.offsets[members.start]) if len(members) else 0
+            last = members.stop - 1
+            data = self.store.read(self.paths[shard], base, int(index.offsets[last] + index.sizes[last])) if len(members) else b""
+        else:
+            base, data = 0, self.open_shard(shard)
         sample = {"__key__": str(index.keys[s])}
-        for m in range(index.starts[s], index.starts[s + 1]):
-            offset = int(index.offsets[m])
+        for m in members:
+            offset = int(index.offsets[m]) - base
             sample[index.exts[index.ext_ids[m]]] = data[offset : offset + int(index.sizes[m])]
         return sample
 
@@ -125,10 +164,11 @@ class ShardDataset:
             sample = {ext: value if ext == "__key__" else decode_member(ext, value) for ext, value in sample.items()}
         return self.transform(sample) if self.transform is not None else sample
 
-    def stream(self, shuffle_shards: bool = False, seed: int = 0) -> "ShardStream":
+    def stream(self, shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2) -> "ShardStream":
         """The same samples as an IterableDataset that reads whole shards in
-        turn (sequential reads), shuffled by shard when asked."""
-        return ShardStream(self, shuffle_shards, seed)
+        turn (sequential reads), shuffled by shard when asked; from a store,
+        each worker fetches its next ``prefetch`` shards while it reads one."""
+        return ShardStream(self, shuffle_shards, seed, prefetch)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -145,8 +185,8 @@ class ShardStream(IterableDataset):
     shuffled per epoch with ``shuffle_shards`` (``set_epoch`` moves it on).
     Samples within a shard keep their order."""
 
-    def __init__(self, dataset: ShardDataset, shuffle_shards: bool = False, seed: int = 0):
-        self.dataset, self.shuffle_shards, self.seed = dataset, shuffle_shards, seed
+    def __init__(self, dataset: ShardDataset, shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2):
+        self.dataset, self.shuffle_shards, self.seed, self.prefetch = dataset, shuffle_shards, seed, prefetch
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -164,9 +204,16 @@ class ShardStream(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
-        for shard in self.shards():
-            for s in range(len(ds.indexes[shard])):
-                yield ds[ds.firsts[shard] + s]
+        mine = self.shards()
+        for position, shard in enumerate(mine):
+            if ds.store is not None:  # (the next shards download while this one is read)
+                ds.store.prefetch([ds.paths[k] for k in mine[position + 1 : position + 1 + self.prefetch]])
+            ds.open_shard(shard)
+            try:
+                for s in range(len(ds.indexes[shard])):
+                    yield ds[ds.firsts[shard] + s]
+            finally:
+                ds.close_shard(shard)
 
     def __len__(self) -> int:
         return len(self.dataset)

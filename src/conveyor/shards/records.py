@@ -188,7 +188,8 @@ class ShardIndex:
                      ext_ids=self.ext_ids, exts=np.array(self.exts, dtype=str))  # fmt: skip
 
     @classmethod
-    def load(cls, path: str) -> "ShardIndex":
+    def load(cls, path: Any) -> "ShardIndex":
+        """From a file :meth:`save` wrote (a path or a file object)."""
         with np.load(path, allow_pickle=False) as saved:
             return cls(saved["keys"], saved["starts"], saved["offsets"], saved["sizes"], saved["ext_ids"],
                        [str(e) for e in saved["exts"]])  # fmt: skip

@@ -1,0 +1,227 @@
+"""Data in an object store (S3 and anything else fsspec reaches): reads
+with retries, whole files in a local cache with a size limit, prefetch.
+
+    Store("s3://bucket/data", cache_bytes=20 << 30, endpoint_url=...)
+      .read(path[, start, end])  one object (or a byte range), retried with backoff
+      .fetch(path)               a local copy in the cache (least recently used ones go first)
+      .prefetch(paths)           fetch in the background (a few threads per process)
+    StoreFiles(store)            a map-style dataset: object i's bytes
+    ShardDataset("shards/", store=store)   shards in the store (shards/dataset.py)
+
+Errors worth retrying (a dropped connection, a timeout, a throttled or
+failed request: ``OSError`` other than a missing object or a refused
+permission) are retried ``retries`` times, waiting ``backoff_s`` × 2ⁿ
+(± half, so workers do not retry in step); the last error is raised with
+a note saying how many attempts were made. A ``Store`` pickles without its
+connections, and each process (each worker) makes its own on first use.
+Reads in flight per worker are bounded by ``DataLoader(reads_in_flight=)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Optional, Sequence
+
+__all__ = ["Store", "StoreFiles", "worth_retrying"]
+
+#: Errors a retry will not mend.
+_FINAL = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+
+
+def worth_retrying(error: BaseException) -> bool:
+    """A dropped connection, a timeout, a throttled or failed request: yes;
+    a missing object, a refused permission, a bug: no."""
+    return isinstance(error, (ConnectionError, TimeoutError)) or (
+        isinstance(error, OSError) and not isinstance(error, _FINAL)
+    )
+
+
+class Store:
+    """A folder of an object store, read through fsspec (``pip install
+    fsspec s3fs`` for S3). ``storage_options`` (a dict) and any other
+    keyword go to the filesystem (for s3fs: ``key``, ``secret``, ``anon``,
+    ``client_kwargs={"endpoint_url": ...}``, and ``config_kwargs={"retries":
+    {"max_attempts": 1}}`` to leave retrying to the Store)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache_dir: Optional[str] = None,
+        cache_bytes: int = 10 << 30,
+        retries: int = 5,
+        backoff_s: float = 0.05,
+        prefetch_threads: int = 2,
+        storage_options: Optional[dict] = None,
+        **options: Any,
+    ):
+        import fsspec
+
+        self.protocol, self.root = fsspec.core.split_protocol(url)
+        self.protocol = self.protocol or "file"
+        self.root = self.root.rstrip("/")
+        self.storage_options = {**(storage_options or {}), **options}
+        self.cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "conveyor-store-cache")
+        self.cache_bytes, self.retries, self.backoff_s = cache_bytes, retries, backoff_s
+        self.prefetch_threads = prefetch_threads
+        self._local: dict = {}
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_local"] = {}  # (connections and threads stay in the process that made them)
+        return state
+
+    def _here(self) -> dict:
+        """This process's filesystem, prefetch pool and lock (made on first use; anew after a fork)."""
+        if self._local.get("pid") != os.getpid():
+            import fsspec
+
+            self._local = {
+                "pid": os.getpid(),
+                "fs": fsspec.filesystem(self.protocol, skip_instance_cache=True, **self.storage_options),
+                "pool": None,
+                "lock": threading.Lock(),
+                "pending": {},
+            }
+        return self._local
+
+    @property
+    def fs(self) -> Any:
+        return self._here()["fs"]
+
+    def url(self, path: str) -> str:
+        return f"{self.root}/{path.lstrip('/')}" if path else self.root
+
+    # ------------------------------------------------------------- reading
+    def retry(self, what: str, action: Callable[[], Any]) -> Any:
+        """``action()``, again after a pause while it fails in a way worth retrying."""
+        for attempt in range(self.retries + 1):
+            try:
+                return action()
+            except Exception as error:
+                if attempt == self.retries or not worth_retrying(error):
+                    if attempt:
+                        error.add_note(f"(conveyor: {what} failed {attempt + 1} times; the last error is above)")
+                    raise
+            time.sleep(self.backoff_s * (2**attempt) * random.uniform(0.5, 1.5))
+
+    def read(self, path: str, start: Optional[int] = None, end: Optional[int] = None) -> bytes:
+        """Object ``path`` (relative to the store's folder), or its bytes ``start`` to ``end``."""
+        url = self.url(path)
+        return self.retry(f"reading {self.protocol}://{url}", lambda: self.fs.cat_file(url, start=start, end=end))
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Every object under ``prefix``, relative to the store's folder, sorted."""
+        base = self.url(prefix)
+        found = self.retry(f"listing {self.protocol}://{base}", lambda: self.fs.find(base))
+        cut = len(self.root) + 1 if self.root else 0
+        return sorted(str(p)[cut:] for p in found)
+
+    # --------------------------------------------------------------- cache
+    def fetch(self, path: str) -> str:
+        """A local copy of object ``path`` in the cache (made if missing;
+        a copy being fetched in the background is waited for)."""
+        here = self._here()
+        with here["lock"]:
+            pending = here["pending"].get(path)
+        if pending is not None:
+            pending.result()
+        return self._download(path)
+
+    def _download(self, path: str) -> str:
+        local = self._cached(path)
+        if os.path.exists(local):
+            os.utime(local)  # (recently used: evicted last)
+            return local
+        os.makedirs(self.cache_dir, exist_ok=True)
+        data = self.read(path)
+        partial = f"{local}.{os.getpid()}.{threading.get_ident()}.part"
+        with open(partial, "wb") as f:
+            f.write(data)
+        os.replace(partial, local)
+        self._evict(keep=local)
+        return local
+
+    def prefetch(self, paths: Sequence[str]) -> None:
+        """Start fetching ``paths`` in the background (at most ``prefetch_threads`` at once)."""
+        here = self._here()
+        with here["lock"]:
+            if here["pool"] is None:
+                here["pool"] = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="conveyor-prefetch")
+            for path in paths:
+                if path not in here["pending"] and not os.path.exists(self._cached(path)):
+                    here["pending"][path] = here["pool"].submit(self.fetch_quietly, path)
+
+    def fetch_quietly(self, path: str) -> None:
+        """``fetch`` for the background: a failure is left for the foreground fetch to meet again."""
+        try:
+            self._download(path)
+        except Exception:
+            pass
+        finally:
+            with self._here()["lock"]:
+                self._here()["pending"].pop(path, None)
+
+    def close(self) -> None:
+        """Stop this process's prefetch threads."""
+        pool = self._local.get("pool") if self._local.get("pid") == os.getpid() else None
+        if pool is not None:
+            pool.shutdown(wait=True)
+            self._local["pool"] = None
+
+    def _cached(self, path: str) -> str:
+        name = hashlib.sha1(f"{self.protocol}://{self.url(path)}".encode()).hexdigest()[:16]
+        return os.path.join(self.cache_dir, f"{name}-{os.path.basename(path)}")
+
+    def _evict(self, keep: str) -> None:
+        """Remove the least recently used copies until the cache fits ``cache_bytes``."""
+        entries = []
+        for name in os.listdir(self.cache_dir):
+            full = os.path.join(self.cache_dir, name)
+            if name.endswith(".part"):
+                continue
+            try:
+                stat = os.stat(full)
+            except FileNotFoundError:
+                continue
+            entries.append((stat.st_mtime, stat.st_size, full))
+        total = sum(size for _, size, _ in entries)
+        for _, size, full in sorted(entries):
+            if total <= self.cache_bytes:
+                break
+            if full != keep:
+                try:
+                    os.unlink(full)
+                    total -= size
+                except FileNotFoundError:
+                    pass
+
+    def __repr__(self) -> str:
+        return f"Store({self.protocol}://{self.root})"
+
+
+class StoreFiles:
+    """A map-style dataset of objects in a store: sample ``i`` is the bytes
+    of the ``i``-th object under ``prefix`` (sorted), or ``transform(bytes,
+    path)``. Use ``DataLoader(reads_in_flight=N)`` to keep N reads in
+    flight per worker, and ``worker_method="thread"`` for many workers."""
+
+    def __init__(self, store: Store, prefix: str = "", paths: Optional[Sequence[str]] = None,
+                 transform: Optional[Callable[[bytes, str], Any]] = None):  # fmt: skip
+        self.store = store
+        self.paths = list(paths) if paths is not None else store.list(prefix)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> Any:
+        path = self.paths[i]
+        data = self.store.read(path)
+        return self.transform(data, path) if self.transform is not None else data

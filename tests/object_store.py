@@ -1,0 +1,123 @@
+"""A real S3-compatible server on 127.0.0.1 for tests and benchmarks: moto's
+server, behind a small proxy that adds latency and fails requests on
+purpose. A plain module (bench/store.py imports it too).
+
+    store = ObjectStore.start()              # moto on a free port, the proxy in front
+    store.latency_s = 0.02                   # every request waits this long
+    store.fail = lambda method, path, n: n % 3 == 0   # which requests get a 503
+    Store("s3://bucket", storage_options=store.options())   # conveyor.Store through the proxy
+    store.stop()
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import threading
+import time
+from typing import Callable, Optional
+
+BUCKET = "data"
+_UNAVAILABLE = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
+    b"<Message>injected by the test</Message></Error>"
+)
+
+
+class ObjectStore:
+    def __init__(self, server, proxy, host: str, port: int):
+        self._server, self._proxy = server, proxy
+        self.host, self.port = host, port
+        self.latency_s = 0.0
+        #: (method, path, request number) -> whether to answer 503 instead.
+        self.fail: Optional[Callable[[str, str, int], bool]] = None
+        self.requests: list = []  # (method, path, status)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(cls) -> "ObjectStore":
+        import logging
+
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # (one line per request otherwise)
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        boto3.client(
+            "s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
+            aws_access_key_id="test", aws_secret_access_key="test",
+        ).create_bucket(Bucket=BUCKET)  # fmt: skip
+        store = cls(server, None, host, port)
+        proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(store))
+        proxy.daemon_threads = True
+        threading.Thread(target=proxy.serve_forever, name="test-s3-proxy", daemon=True).start()
+        store._proxy = proxy
+        return store
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._proxy.server_address[1]}"
+
+    def options(self) -> dict:
+        """s3fs's options to reach the store through the proxy (botocore's own retries off)."""
+        return {
+            "key": "test",
+            "secret": "test",
+            "client_kwargs": {"endpoint_url": self.url, "region_name": "us-east-1"},
+            "config_kwargs": {"retries": {"max_attempts": 1}},
+        }
+
+    def record(self, method: str, path: str, status: int) -> int:
+        with self._lock:
+            self.requests.append((method, path, status))
+            return len(self.requests)
+
+    def stop(self) -> None:
+        self._proxy.shutdown()
+        self._proxy.server_close()
+        self._server.stop()
+
+
+def _handler(store: ObjectStore):
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _forward(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if store.latency_s:
+                time.sleep(store.latency_s)
+            with store._lock:
+                number = len(store.requests) + 1
+            if store.fail is not None and store.fail(self.command, self.path, number):
+                store.record(self.command, self.path, 503)
+                self.send_response(503)
+                self.send_header("Content-Length", str(len(_UNAVAILABLE)))
+                self.end_headers()
+                self.wfile.write(_UNAVAILABLE)
+                return
+            connection = http.client.HTTPConnection(store.host, store.port, timeout=30)
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            connection.request(self.command, self.path, body=body or None, headers=headers)
+            response = connection.getresponse()
+            data = response.read()
+            connection.close()
+            store.record(self.command, self.path, response.status)
+            self.send_response(response.status)
+            for key, value in response.getheaders():
+                if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                    self.send_header(key, value)
+            length = response.getheader("Content-Length") if self.command == "HEAD" else None
+            self.send_header("Content-Length", length if length is not None else str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+    return Proxy
