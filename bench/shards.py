@@ -18,6 +18,8 @@ before each run (posix_fadvise DONTNEED). Samples/s of:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -98,7 +100,8 @@ def run(args: argparse.Namespace) -> dict:
         root, shards = Path(tmp) / "files", Path(tmp) / "shards"
         make_files(root, args.files, args.size)
         started = time.perf_counter()
-        cli(["pack", str(root), str(shards), "--max-bytes", "64M", "--workers", "2"])
+        with contextlib.redirect_stdout(io.StringIO()):  # (its summary line would break --json output)
+            cli(["pack", str(root), str(shards), "--max-bytes", "64M", "--workers", "2"])
         pack_s = time.perf_counter() - started
         paths = [str(p) for p in root.rglob("*.bin")] + [str(p) for p in shards.glob("*.tar")]
         results: dict = {kind: [] for kind in kinds}
