@@ -52,7 +52,9 @@ def shard_sample(sample: dict):
 
 
 def drop_cache(paths) -> None:
-    """Ask the kernel to forget the cached pages of ``paths``."""
+    """Ask the kernel to forget the cached pages of ``paths`` (written back
+    first: a dirty page is not dropped)."""
+    os.sync()
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
