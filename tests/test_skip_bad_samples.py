@@ -170,3 +170,12 @@ def test_a_budget_needs_a_map_style_dataset():
         SkipBudget(count=1, errors=(ValueError, "OSError"))
     with pytest.raises(ValueError, match="needs count= .* or fraction="):
         SkipBudget()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_with_batching_off_a_bad_sample_is_left_out(num_workers):
+    loader = DataLoader(Corrupt(n=8, bad=(2, 5)), batch_size=None, num_workers=num_workers, skip_bad_samples=2)
+    assert [int(row[0]) for row in (np.asarray(s) for s in loader)] == [0, 1, 3, 4, 6, 7]
+    assert [record.index for record in loader.stats().skipped] == [2, 5]
+    with pytest.raises(BadSampleBudgetExceeded):
+        list(DataLoader(Corrupt(n=8, bad=(2, 5)), batch_size=None, num_workers=num_workers, skip_bad_samples=1))

@@ -118,7 +118,7 @@ class MapFetcher:
             self.skipped = []
         if not spec.auto_collation:
             sample.at(0)
-            samples, count = dataset[indices], 1
+            samples, count = self._read_one(indices) if spec.skip_errors else dataset[indices], 1
         elif spec.skip_errors:
             samples = self._read_skipping(indices, sample)
             count = len(samples)
@@ -155,6 +155,18 @@ class MapFetcher:
         wait(futures)
         return futures
 
+    def _read_one(self, index: Any) -> Any:
+        """``dataset[index]`` with batching off: a sample that raises one of
+        ``skip_errors`` is noted in ``skipped`` and leaves its batch empty."""
+        try:
+            return self.spec.dataset[index]
+        except self.spec.skip_errors as exc:
+            self._note_skip(index, exc)
+            raise EmptyBatch from None
+
+    def _note_skip(self, index: Any, exc: BaseException) -> None:
+        self.skipped.append((index, f"{type(exc).__name__}: {exc}", "".join(format_exception(exc))))
+
     def _read_skipping(self, indices: Any, sample: Any) -> list:
         """The samples at ``indices`` that load, in order; each that raises
         one of ``skip_errors`` is left out and noted in ``skipped``.
@@ -176,7 +188,7 @@ class MapFetcher:
                     sample.at(k)
                     kept.append(dataset[i])
             except spec.skip_errors as exc:
-                self.skipped.append((i, f"{type(exc).__name__}: {exc}", "".join(format_exception(exc))))
+                self._note_skip(i, exc)
         if not kept:
             raise EmptyBatch
         return kept
