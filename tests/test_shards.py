@@ -207,3 +207,24 @@ def test_a_shuffled_epoch_over_shards_resumes_exactly(folder, tmp_path):
     resumed = loader()
     resumed.load_state_dict(state)
     assert head + list(resumed) == full
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stream_resumes_where_it_stood(folder, tmp_path, num_workers):
+    out = tmp_path / "out"
+    cli(["pack", str(folder), str(out), "--max-samples", "4"])
+
+    def loader():
+        stream = ShardDataset(out, transform=lambda s: s["__key__"]).stream(shuffle_shards=True, seed=5)
+        return conveyor.DataLoader(stream, batch_size=3, num_workers=num_workers, collate_fn=list)
+
+    full = list(loader())
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(3)]
+    state = first.state_dict()
+    del it
+    assert any(copy["iterator_state"] for copy in state["copies"]["states"])  # (where each reader stood, saved)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == full

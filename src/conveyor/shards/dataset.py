@@ -24,7 +24,7 @@ import mmap
 import os
 import random
 from bisect import bisect_right
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -202,21 +202,61 @@ class ShardStream(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         return order[rank * workers + worker :: world * workers]
 
-    def __iter__(self) -> Iterator[Any]:
-        ds = self.dataset
-        mine = self.shards()
-        for position, shard in enumerate(mine):
-            if ds.store is not None:  # (the next shards download while this one is read)
-                ds.store.prefetch([ds.paths[k] for k in mine[position + 1 : position + 1 + self.prefetch]])
-            ds.open_shard(shard)
-            try:
-                for s in range(len(ds.indexes[shard])):
-                    yield ds[ds.firsts[shard] + s]
-            finally:
-                ds.close_shard(shard)
+    def __iter__(self) -> "ShardReader":
+        return ShardReader(self)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
 
-__all__ = ["ShardDataset", "ShardStream", "shard_paths"]
+class ShardReader:
+    """One pass of a ShardStream in one worker: its shards in order, each
+    mapped while it is read (from a store: the next ones prefetched). Saves
+    and loads where it stands (``state_dict``), so a resumed stream goes on
+    from the sample after the last one delivered without reading again."""
+
+    def __init__(self, stream: ShardStream):
+        self._stream = stream
+        self._shards = stream.shards()
+        self._position = 0  # in self._shards
+        self._sample = 0  # in that shard
+        self._open: Optional[int] = None
+
+    def __iter__(self) -> "ShardReader":
+        return self
+
+    def __next__(self) -> Any:
+        ds = self._stream.dataset
+        while self._position < len(self._shards):
+            shard = self._shards[self._position]
+            if self._sample < len(ds.indexes[shard]):
+                if self._open != shard:
+                    self._enter(shard)
+                self._sample += 1
+                return ds[ds.firsts[shard] + self._sample - 1]
+            ds.close_shard(shard)
+            self._open = None
+            self._position, self._sample = self._position + 1, 0
+        raise StopIteration
+
+    def _enter(self, shard: int) -> None:
+        ds, ahead = self._stream.dataset, self._stream.prefetch
+        if ds.store is not None:  # (the next shards download while this one is read)
+            ds.store.prefetch([ds.paths[k] for k in self._shards[self._position + 1 : self._position + 1 + ahead]])
+        ds.open_shard(shard)
+        self._open = shard
+
+    def state_dict(self) -> dict:
+        return {"shards": list(self._shards), "position": self._position, "sample": self._sample}
+
+    def load_state_dict(self, state: dict) -> None:
+        if list(state["shards"]) != self._shards:
+            raise ValueError(
+                f"ShardStream.load_state_dict: the state's shards {state['shards'][:8]} are not this worker's "
+                f"{self._shards[:8]} (another shuffle seed, epoch, number of workers or ranks); resume with the "
+                f"settings that saved it"
+            )
+        self._position, self._sample = int(state["position"]), int(state["sample"])
+
+
+__all__ = ["ShardDataset", "ShardStream", "ShardReader", "shard_paths"]
