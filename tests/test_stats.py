@@ -342,6 +342,8 @@ def _stats(num_workers=2, wait=0.5, busy=0.9, cpu=0.9, cpu_wait=0.0, slowest="fe
         (_stats(slowest="pin"), "input", "pin_memory"),
         (_stats(cpu=0.4, cpu_wait=0.5), "input", "free core"),
         (_stats(cpu=0.1), "input", "more workers than cores"),
+        (_stats(cpu=0.1), "input", 'worker_method="thread"'),
+        (_stats(cpu=0.1), "input", "reads_in_flight=8"),
         (_stats(num_workers=2, busy=0.95), "input", "more workers: num_workers=4"),
         (_stats(num_workers=4, busy=0.95), "input", "make __getitem__ cheaper"),
         (_stats(num_workers=4, busy=0.95, slowest="collate"), "input", "default_collate"),

@@ -15,7 +15,7 @@ The rules, in order (each names its evidence):
    transport, pin) → fix that stage; loading waits for a free core → the
    cores are taken, make loading cheaper or the training process lighter;
    loading mostly waits on something else (storage, network) → more
-   workers than cores, concurrent reads, a packed format; workers
+   workers than cores (threads), concurrent reads, packed shards; workers
    saturated → more workers if cores are free, else make the slowest stage
    cheaper; workers idle while the loop waits → more batches in flight.
 """
@@ -149,9 +149,9 @@ def _input_bound_advice(stats: "LoaderStats", slowest: Optional[str], share: flo
     if cpu is not None and 1.0 - cpu - cpu_wait >= WAITING_OFF_CPU:
         return (
             f"loading mostly waits (on a CPU only {cpu:.0%} of its time, the rest on storage, the network, a lock "
-            f"or a sleep): more "
-            f"workers than cores help here, e.g. num_workers={max(2 * workers, cores * 2)}; also read a batch's "
-            f"samples concurrently, or pack small files into record shards"
+            f"or a sleep): more workers than cores help here, and worker threads cost no memory or start-up, e.g. "
+            f"num_workers={max(16, 2 * workers)}, worker_method=\"thread\"; also read each batch's samples "
+            f"concurrently (reads_in_flight=8), or pack small files into shards (conveyor pack, docs/data.md)"
         )
     if busy >= SATURATED_BUSY:
         if workers < cores:
