@@ -48,3 +48,15 @@ CORE_NAMES = {
 def test_the_public_surface_is_exactly_the_pinned_one():
     assert set(conveyor.__all__) == CORE_NAMES
     assert set(ct.__all__) == (CORE_NAMES - {"derive_seed"}) | {"StatefulDataLoader"}
+
+
+def test_the_shards_and_store_modules_are_pinned_too():
+    import conveyor.shards
+    import conveyor.store
+
+    assert set(conveyor.shards.__all__) == {
+        "ShardDataset", "ShardStream", "ShardIndex", "shard_paths", "encode_sample", "decode_member",
+    }  # fmt: skip
+    assert set(conveyor.store.__all__) == {"Store", "StoreFiles", "worth_retrying"}
+    for module in (conveyor.shards, conveyor.store):
+        assert all(hasattr(module, name) for name in module.__all__)
