@@ -128,10 +128,17 @@ class ShardDataset:
             self._maps, self._pid = {}, os.getpid()
         mapped = self._maps.get(shard)
         if mapped is None:
-            path = self.paths[shard] if self.store is None else self.store.fetch(self.paths[shard])
-            with open(path, "rb") as f:
-                mapped = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            mapped = self._maps[shard] = self._mapped(shard)
         return mapped
+
+    def _mapped(self, shard: int) -> mmap.mmap:
+        if self.store is None:
+            return _map_file(self.paths[shard])
+        try:
+            return _map_file(self.store.fetch(self.paths[shard]))
+        except FileNotFoundError:
+            # Another worker's fetch may evict the cached copy between our fetch and open: fetch it again.
+            return _map_file(self.store.fetch(self.paths[shard]))
 
     def close_shard(self, shard: int) -> None:
         """Let go of a shard's map (a stream is done with it)."""
@@ -177,6 +184,11 @@ class ShardDataset:
 
     def __repr__(self) -> str:
         return f"ShardDataset({len(self.paths)} shards, {len(self)} samples)"
+
+
+def _map_file(path: str) -> mmap.mmap:
+    with open(path, "rb") as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 class ShardStream(IterableDataset):
