@@ -198,15 +198,8 @@ def test_a_shuffled_epoch_over_shards_resumes_exactly(folder, tmp_path):
         return conveyor.DataLoader(ShardDataset(out, transform=lambda s: s["__key__"]), batch_size=3, shuffle=True,
                                    seed=4, num_workers=2, collate_fn=list)  # fmt: skip
 
-    full = list(loader())
-    first = loader()
-    it = iter(first)
-    head = [next(it) for _ in range(3)]
-    state = first.state_dict()
-    del it
-    resumed = loader()
-    resumed.load_state_dict(state)
-    assert head + list(resumed) == full
+    full, head, state, rest = interrupted_and_resumed(loader, 3)
+    assert head + rest == full
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -218,13 +211,29 @@ def test_a_stream_resumes_where_it_stood(folder, tmp_path, num_workers):
         stream = ShardDataset(out, transform=lambda s: s["__key__"]).stream(shuffle_shards=True, seed=5)
         return conveyor.DataLoader(stream, batch_size=3, num_workers=num_workers, collate_fn=list)
 
+    full, head, state, rest = interrupted_and_resumed(loader, 3)
+    assert any(copy["iterator_state"] for copy in state["copies"]["states"])  # (where each reader stood, saved)
+    assert head + rest == full
+
+
+def interrupted_and_resumed(loader, batches):
+    """(a whole pass, the first ``batches`` of another, the state saved then,
+    the rest from a new loader that loaded that state); ``loader()`` makes one."""
     full = list(loader())
     first = loader()
     it = iter(first)
-    head = [next(it) for _ in range(3)]
+    head = [next(it) for _ in range(batches)]
     state = first.state_dict()
     del it
-    assert any(copy["iterator_state"] for copy in state["copies"]["states"])  # (where each reader stood, saved)
     resumed = loader()
     resumed.load_state_dict(state)
-    assert head + list(resumed) == full
+    return full, head, state, list(resumed)
+
+
+def test_writing_processes_started_by_spawn_write_the_same_bytes(folder, tmp_path):
+    from conveyor.cli.pack import pack
+
+    forked, spawned = tmp_path / "fork", tmp_path / "spawn"
+    pack(str(folder), str(forked), 5, 16 * 1024, 2, start_method="fork")
+    pack(str(folder), str(spawned), 5, 16 * 1024, 2, start_method="spawn")
+    assert digests(forked) == digests(spawned) and len(digests(forked)) > 4

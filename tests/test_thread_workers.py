@@ -193,8 +193,8 @@ def test_system_exit_in_a_thread_ends_the_loader_with_the_worker_s_story():
 
 
 def test_timeout_names_the_late_batch_and_the_thread():
-    loader = DataLoader(Sleepy(8, slow=2, seconds=2.0), batch_size=2, num_workers=2, worker_method="thread", timeout=0.3)
-    with pytest.raises(RuntimeError, match=r"DataLoader timed out after 0.3 seconds") as caught:
+    loader = DataLoader(Sleepy(8, slow=2, seconds=3.0), batch_size=2, num_workers=2, worker_method="thread", timeout=1.0)
+    with pytest.raises(RuntimeError, match=r"DataLoader timed out after 1.0 seconds") as caught:
         rows(loader)
     text = str(caught.value)
     assert "waiting for batch 1 (sample indices [2, 3])" in text

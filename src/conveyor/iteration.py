@@ -3,8 +3,10 @@
     iter(loader) ──▶ LoaderIterator(start, index sampler's batches, settings)
         plan:      replay (a resumed sampler that cannot jump) ──▶ _FirstDrawAhead
                    ──▶ _plan: PlannedBatch(index, indices, seed) for each batch
-        executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(index, data | error, copies, timings)
-        delivery:  [pin thread] ──▶ stats.batch (StatsRecorder) ──▶ progress.delivered(index)
+        executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(index, data | error, copies, timings, skipped)
+        delivery:  skipped samples ──▶ SkipLedger (skip_bad_samples: log, stats, budget);
+                   a batch whose every sample was skipped ──▶ the next one
+                   [pin thread] ──▶ stats.batch (StatsRecorder) ──▶ progress.delivered(index)
                    ──▶ the batch (or its error)
 
 Each ``next()`` is timed (the loop's wait, and its compute since the

@@ -10,8 +10,10 @@ the samplers, and one iteration per ``iter()`` (iteration.py).
 Seeds (one root per epoch): ``base_seed`` is ``derive_seed(seed, epoch)`` when
 ``seed=`` is given, else one draw from ``generator`` (or the global generator)
 as torch draws it; batch ``i`` is loaded with ``random``, ``numpy.random`` and
-torch seeded from ``derive_seed(base_seed, i)``, in a worker or in-process
-(an iterable dataset's batch ``k`` from worker ``w``: ``derive_seed(base_seed, w, k)``).
+torch seeded from ``derive_seed(base_seed, i)``, in a worker process or in-process
+(an iterable dataset's batch ``k`` from worker ``w``: ``derive_seed(base_seed, w, k)``;
+thread workers leave the global generators to the training loop), and each
+sample with its own generators (``conveyor.sample_rng()``) from that seed.
 """
 
 from __future__ import annotations

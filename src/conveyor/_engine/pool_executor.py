@@ -177,6 +177,7 @@ class PoolExecutor:
     @property
     def _workers(self) -> list[WorkerView]:
         return self._pool.workers
+
     # ----------------------------------------------------------------- epoch
     def begin_epoch(
         self,

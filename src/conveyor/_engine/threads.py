@@ -251,14 +251,11 @@ def _answer_torch_in_threads(torch: Any) -> None:
         mine = _info.thread_info()
         if mine is None:
             return original()
-        return torch_worker.WorkerInfo(
-            id=mine.id,
-            num_workers=mine.num_workers,
-            seed=mine.seed,
-            dataset=mine.dataset,
-            rng=mine.rng,
-            worker_method=mine.worker_method,
-        )
+        fields = dict(id=mine.id, num_workers=mine.num_workers, seed=mine.seed, dataset=mine.dataset)
+        try:
+            return torch_worker.WorkerInfo(**fields, rng=mine.rng, worker_method=mine.worker_method)
+        except TypeError:  # (a torch whose WorkerInfo has neither field)
+            return torch_worker.WorkerInfo(**fields)
 
     get_worker_info.__doc__ = original.__doc__
     get_worker_info._conveyor_threads = True  # type: ignore[attr-defined]

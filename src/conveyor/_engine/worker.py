@@ -131,13 +131,11 @@ def _set_worker_info(config: WorkerConfig) -> None:
         try:
             from torch.utils.data._utils import worker as torch_worker
 
-            torch_worker._worker_info = torch_worker.WorkerInfo(
-                id=config.worker_id,
-                num_workers=config.num_workers,
-                seed=config.seed,
-                dataset=config.fetch.dataset,
-                rng=_info.current.rng,
-            )
+            fields = dict(id=config.worker_id, num_workers=config.num_workers, seed=config.seed, dataset=config.fetch.dataset)
+            try:
+                torch_worker._worker_info = torch_worker.WorkerInfo(**fields, rng=_info.current.rng)
+            except TypeError:  # (a torch whose WorkerInfo has no rng field)
+                torch_worker._worker_info = torch_worker.WorkerInfo(**fields)
         except Exception:  # an unusual torch build: conveyor's own answer still works
             pass
         if rng.current_seed is not None:

@@ -105,28 +105,35 @@ def open_source(src: str) -> Any:
 
 
 # -------------------------------------------------------------------- plan
-def shard_bytes(member_sizes: list[int]) -> int:
-    """A shard's size on disk: its members, the end-of-archive blocks, the padding to a record."""
-    return -(-(tar_bytes(member_sizes) + 2 * BLOCK) // _RECORD) * _RECORD
-
-
 def plan_shards(sizes: list[list[int]], max_samples: Optional[int], max_bytes: Optional[int]) -> list[tuple[int, int]]:
     """Sample ranges [start, end), in order, each within both bounds (a
     sample bigger than ``max_bytes`` gets a shard of its own)."""
-    ranges, start, members = [], 0, []
+    ranges, start, held = [], 0, 0  # held: the shard's members so far, as tar bytes
     for i, sample in enumerate(sizes):
+        adding = tar_bytes(sample)
         full = max_samples is not None and i - start >= max_samples
-        if members and (full or (max_bytes is not None and shard_bytes(members + sample) > max_bytes)):
+        if i > start and (full or (max_bytes is not None and _on_disk(held + adding) > max_bytes)):
             ranges.append((start, i))
-            start, members = i, []
-        members = members + sample
+            start, held = i, 0
+        held += adding
     if start < len(sizes):
         ranges.append((start, len(sizes)))
     return ranges
 
 
+def _on_disk(member_bytes: int) -> int:
+    """A shard's size on disk from its members' tar bytes: the end-of-archive blocks, the padding to a record."""
+    return -(-(member_bytes + 2 * BLOCK) // _RECORD) * _RECORD
+
+
 # ------------------------------------------------------------------ writing
-_source: Any = None  # (the source, inherited by the writing processes)
+_source: Any = None  # (the source: inherited by forked writing processes, opened anew by spawned ones)
+
+
+def _adopt(src: str) -> None:
+    global _source
+    if _source is None:
+        _source = open_source(src)
 
 
 def _sizes_of(i: int) -> list[int]:
@@ -137,8 +144,8 @@ def shard_name(k: int) -> str:
     return f"shard-{k:06d}.tar"
 
 
-def write_shard(job: tuple[str, int, int, int]) -> dict:
-    """Write shard ``k`` (samples ``start`` to ``end``) into ``out``; its record."""
+def write_shard(job: tuple[str, int, int, int]) -> tuple[int, dict]:
+    """Write shard ``k`` (samples ``start`` to ``end``) into ``out``; (k, its record)."""
     out, k, start, end = job
     path = os.path.join(out, shard_name(k))
     samples = []
@@ -151,7 +158,7 @@ def write_shard(job: tuple[str, int, int, int]) -> dict:
     os.replace(path + ".idx.tmp", path + ".idx")
     record = {"name": shard_name(k), "first": start, "samples": end - start, "bytes": os.path.getsize(path), "sha256": digest}
     _write_json(path + ".json", record)  # (last: a shard with a record is done)
-    return record
+    return k, record
 
 
 def _sha256(path: str) -> str:
@@ -176,12 +183,17 @@ def _read_json(path: str) -> Any:
         return None
 
 
-def pack(src: str, out: str, max_samples: Optional[int], max_bytes: Optional[int], workers: int) -> dict:
-    """Pack ``src`` into ``out``; the manifest."""
+def pack(
+    src: str, out: str, max_samples: Optional[int], max_bytes: Optional[int], workers: int, start_method: Optional[str] = None
+) -> dict:
+    """Pack ``src`` into ``out``; the manifest. The writing processes start
+    with ``start_method`` (default: fork where there is one, else spawn)."""
     global _source
     _source = open_source(src)
     os.makedirs(out, exist_ok=True)
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    if start_method is None:
+        start_method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(start_method)
     settings = {"source": _source.description, "samples": len(_source), "max_samples": max_samples, "max_bytes": max_bytes}
     planned = _read_json(os.path.join(out, _PLAN))
     if planned is not None and planned.get("settings") != settings:
@@ -192,7 +204,7 @@ def pack(src: str, out: str, max_samples: Optional[int], max_bytes: Optional[int
         if max_bytes is None:
             sizes = [[0]] * len(_source)
         else:
-            with context.Pool(workers) as pool:
+            with context.Pool(workers, _adopt, (src,)) as pool:
                 sizes = pool.map(_sizes_of, range(len(_source)), chunksize=64)
         planned = {"settings": settings, "shards": plan_shards(sizes, max_samples, max_bytes)}
         _write_json(os.path.join(out, _PLAN), planned)
@@ -205,9 +217,9 @@ def pack(src: str, out: str, max_samples: Optional[int], max_bytes: Optional[int
         else:
             todo.append((out, k, start, end))
     if todo:
-        with context.Pool(min(workers, len(todo))) as pool:
-            for record in pool.imap_unordered(write_shard, todo):
-                records[int(record["name"][6:12])] = record
+        with context.Pool(min(workers, len(todo)), _adopt, (src,)) as pool:
+            for k, record in pool.imap_unordered(write_shard, todo):
+                records[k] = record
     manifest = {
         "format": "webdataset tar, conveyor index",
         "source": _source.description,
