@@ -567,6 +567,17 @@ class Slow:
         open(os.path.join(self.log_dir, f"pid-{os.getpid()}"), "w").close()
         time.sleep(%(hang)d)
         return np.array(i)
+
+
+class Backtracking(Slow):
+    """Every sample runs a regex that backtracks for hours, holding the GIL
+    all along (no thread of the worker's runs meanwhile)."""
+
+    def __getitem__(self, i):
+        import re
+        open(os.path.join(self.log_dir, f"pid-{os.getpid()}"), "w").close()
+        re.match(r"(a+)+$", "a" * 64 + "b")
+        return np.array(i)
 ''' % {"hang": HANG_S}
 
 
@@ -583,9 +594,10 @@ def write_script(tmp_path, body):
     return str(path)
 
 
-def start_slow_script(tmp_path, method, **popen_kw):
-    """A child Python that iterates a 2-worker loader of slow samples.
-    Returns (process, worker pids) once both workers are loading."""
+def start_slow_script(tmp_path, method, dataset="Slow", **popen_kw):
+    """A child Python that iterates a 2-worker loader of slow samples
+    (``dataset``: Slow, or Backtracking). Returns (process, worker pids)
+    once both workers are loading."""
     log_dir = tmp_path / "pids"
     log_dir.mkdir()
     script = write_script(
@@ -597,11 +609,11 @@ def start_slow_script(tmp_path, method, **popen_kw):
             # runner) makes it ignore SIGINT, and its children inherit that.
             import signal
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            loader = conveyor.DataLoader(Slow(sys.argv[2]), batch_size=1, num_workers=2,
+            loader = conveyor.DataLoader(%s(sys.argv[2]), batch_size=1, num_workers=2,
                                          multiprocessing_context=sys.argv[1])
             for batch in loader:
                 pass
-        """,
+        """ % dataset,
     )
     # stderr goes to a file, not a pipe: a leaked worker would hold a pipe
     # open and make reading it hang instead of failing the test.
@@ -645,6 +657,50 @@ def test_workers_exit_when_main_process_is_killed(tmp_path, method):
         assert not left, f"workers {left} outlived their SIGKILLed main process"
     finally:
         kill_all(family)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["holding the GIL", "stopped"])
+@pytest.mark.parametrize("method", METHODS + ["forkserver"])
+def test_workers_that_cannot_run_a_thread_die_with_the_main_process(tmp_path, method, how):
+    """A worker whose watch thread cannot run (a C call holds the GIL, or
+    the worker is stopped) still goes with a SIGKILLed main process: the
+    kernel kills it (Linux's parent-death signal)."""
+    proc, workers = start_slow_script(tmp_path, method, "Backtracking" if how == "holding the GIL" else "Slow")
+    family = procutil.descendants(proc.pid)
+    try:
+        if how == "stopped":
+            for pid in workers:
+                os.kill(pid, signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        read_stderr(proc)
+        left = procutil.wait_until_gone(workers, GONE_WITHIN_S)
+        assert not left, f"workers {left} ({how}) outlived their SIGKILLed main process"
+    finally:
+        kill_all(family)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", METHODS)
+def test_workers_started_by_a_thread_that_ends_keep_serving(method):
+    """Linux's parent-death signal follows the thread that started a
+    process: workers started from a thread that then ends must live on."""
+    loader = conveyor.DataLoader(Squares(12), batch_size=2, num_workers=2, persistent_workers=True,
+                                 multiprocessing_context=method)
+    started = {}
+
+    def first_pass():
+        started["batches"] = len(list(loader))
+
+    thread = threading.Thread(target=first_pass)
+    thread.start()
+    thread.join()
+    assert started["batches"] == 6
+    time.sleep(0.3)  # (the thread is gone: a worker killed with it would be noticed below)
+    assert [b.tolist() for b in loader] == [[i * i, (i + 1) ** 2] for i in range(0, 12, 2)]
+    del loader
+    gc.collect()
 
 
 def kill_all(pids):

@@ -32,6 +32,7 @@ import enum
 import itertools
 import math
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -172,6 +173,8 @@ class PoolExecutor:
             fds=fds,
             timed=cfg.timed,
             in_thread=cfg.threads,
+            # (Linux kills a worker when the thread that started it ends: only a thread that lives on)
+            die_with_parent=cfg.start_method == "forkserver" or threading.current_thread() is threading.main_thread(),
         )
 
     @property

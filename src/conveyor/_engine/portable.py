@@ -8,6 +8,7 @@ beside the portable way to do the same where it is missing.
     a spawn worker's end            pidfd_open                             a life pipe (launch.py)
     pipes                           pipe2(O_CLOEXEC), F_SETPIPE_SZ 1 MiB   os.pipe (non-inheritable), default size
     the signal asking for a stack   SIGRTMIN + 3                           SIGUSR2
+    a worker dies with its parent   prctl(PR_SET_PDEATHSIG, SIGKILL)       the worker's parent-watch thread only
 
 Each fallback keeps the ownership rule of the Linux path: a file is
 anonymous or unlinked right after it is created, before any worker starts,
@@ -166,6 +167,29 @@ def pidfd_works() -> bool:
         except OSError:
             _pidfd_works = False
     return _pidfd_works
+
+
+#: prctl's option that sets the signal a process gets when its parent ends (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> bool:
+    """Have the kernel SIGKILL this process the moment the thread that
+    started it ends (``prctl(PR_SET_PDEATHSIG)``): a worker then goes with
+    a killed main process even while it holds the GIL in a C call or is
+    stopped, when its parent-watch thread cannot run. True when armed;
+    False where Linux's call is missing or switched off (the watch thread
+    then does the job alone)."""
+    if not (LINUX_PATHS and sys.platform.startswith("linux")):
+        return False
+    import ctypes
+    import signal
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    return prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
 
 
 def realtime_signals() -> bool:

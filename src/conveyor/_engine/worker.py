@@ -4,7 +4,8 @@
                                       │
                                       ├─ stop flag (shared byte): checked before each task
                                       ├─ stack file: faulthandler writes the stack there on a crash or on request
-                                      └─ parent watch thread: exits when the main process is gone
+                                      └─ the parent's end: the kernel kills the worker (Linux's
+                                         PR_SET_PDEATHSIG), and a watch thread exits it (everywhere)
 
 Actors:
   * ``run_worker``: seeds, sets torch to one thread, calls ``worker_init_fn``,
@@ -14,8 +15,11 @@ Actors:
     user code becomes a ``TaskFailed`` and the loop goes on; ``SystemExit``
     or ``KeyboardInterrupt`` in user code, or a failure during set-up,
     becomes a ``Fatal`` and the worker exits (with the SystemExit's code).
-  * ``_watch_parent``: a daemon thread; when the parent dies the worker exits
-    at once, even in the middle of a long ``__getitem__``.
+  * ``_start_parent_watch``: where Linux has it, the kernel SIGKILLs the
+    worker when its parent ends (``portable.die_with_parent``), whatever the
+    worker is doing (a C call holding the GIL, stopped by SIGSTOP); and a
+    daemon thread checks the parent every 0.1 s and exits the worker (the
+    portable way, and the only one where the kernel's is not armed).
 
 Entry points, one per start method: ``fork_entry`` (the config object is
 inherited), ``pickled_entry`` (forkserver: the config arrives cloudpickled) and
@@ -39,6 +43,7 @@ from typing import Any, Callable, Optional
 
 from .. import rng
 from . import info as _info
+from . import portable
 from . import stacks
 from .errors import capture_failure
 from .cpu import ThreadClock
@@ -107,6 +112,11 @@ class WorkerConfig:
     #: A thread of the main process (threads.py), not a process: the global
     #: generators belong to the main process and are left alone.
     in_thread: bool = False
+    #: Ask the kernel to kill the worker when its parent ends. Linux sends
+    #: that signal when the *thread* that started the worker ends, so the
+    #: pool asks only when that thread lives as long as the process (the
+    #: main thread, or the forkserver's one thread).
+    die_with_parent: bool = False
 
     @property
     def where(self) -> str:
@@ -151,9 +161,11 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
-def _start_parent_watch(parent_pid: Optional[int]) -> None:
+def _start_parent_watch(parent_pid: Optional[int], die_with_parent: bool) -> None:
     expected = os.getppid() if parent_pid is None else parent_pid
-    if os.getppid() != expected:
+    if die_with_parent:
+        portable.die_with_parent()
+    if os.getppid() != expected:  # (gone already, before the kernel was asked to tell)
         os._exit(0)
     threading.Thread(target=_watch_parent, args=(expected,), name="conveyor-parent-watch", daemon=True).start()
 
@@ -373,7 +385,7 @@ def _allocator(spec: FetchSpec, task: Task, writer: Optional[SlotWriter]) -> Any
 def _worker_main(config: WorkerConfig, task_fd: int, result_fd: int) -> None:
     code = 0
     try:
-        _start_parent_watch(config.parent_pid)
+        _start_parent_watch(config.parent_pid, config.die_with_parent)
         _keep_freed_memory()
         code = run_worker(config, task_fd, result_fd)
     except KeyboardInterrupt:
