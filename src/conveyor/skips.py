@@ -122,9 +122,8 @@ class SkipLedger:
         """Log and keep ``records``; raise BadSampleBudgetExceeded once over budget."""
         for record in records:
             self.skipped.append(record)
-            log.warning(
-                "conveyor: skipped sample %r of batch %d (%s): %s", record.index, record.batch_index, record.worker, record.error
-            )
+            # No "conveyor:" here: the logger's name says it (``%(name)s: %(message)s``).
+            log.warning("skipped sample %r of batch %d (%s): %s", record.index, record.batch_index, record.worker, record.error)
         limit = self.budget.limit(self.epoch_samples)
         if len(self.skipped) > limit:
             raise BadSampleBudgetExceeded(self._message(limit), tuple(self.skipped))
