@@ -155,6 +155,22 @@ def multiprocessing_servers():
     resource_tracker.ensure_running()
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this process during the test, as
+    in a terminal, whatever the run inherited; the handler there before is
+    put back after. A shell that starts a job in the background (``nohup
+    make test &``, many CI runners) makes it ignore SIGINT, and then Python
+    installs no handler of its own: a test that sends itself Ctrl-C would
+    see nothing happen. A child process a test starts must do the same
+    itself (``signal.signal(signal.SIGINT, signal.default_int_handler)``)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(autouse=True)
 def leave_nothing_behind(request, multiprocessing_servers):
     before, failed_before = snapshot(), request.session.testsfailed

@@ -295,7 +295,7 @@ def test_breaking_out_early_stops_the_threads():
     # leave_nothing_behind checks that no conveyor-worker thread is left
 
 
-def test_ctrl_c_while_waiting_stops_the_threads():
+def test_ctrl_c_while_waiting_stops_the_threads(ctrl_c_raises):
     loader = DataLoader(Sleepy(8, slow=4, seconds=1.0), batch_size=2, num_workers=2, worker_method="thread")
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
