@@ -9,8 +9,10 @@ each: only pids new since the first are read); the garbage collector runs
 only when something is still there, first its young generations (which
 free most loaders a test dropped inside a reference cycle), then a full
 collection (over 100 ms with torch loaded) if that was not enough.
-/dev/shm is shared by the whole machine: a file that another process maps
-(another program's multiprocessing semaphore) is not counted.
+/dev/shm is shared by the whole machine (and often by other containers):
+only a file this process tree made counts, one that the test process or a
+descendant holds or that carries conveyor's name (procutil.new_shm_files);
+another program's files are never this test's leak.
 
 When a test leaks, its teardown fails with a list of exactly what leaked,
 and the leaked processes are killed so that the next tests start clean. A
@@ -61,7 +63,7 @@ class Snapshot:
     pids: set  # every pid on the machine (procutil.pids())
     fds: dict  # fd -> link target ("pipe:[123]", "/memfd:conveyor-slot (deleted)", ...)
     threads: frozenset  # threading.Thread objects
-    shm: frozenset  # names in /dev/shm
+    shm: frozenset  # names in /dev/shm (the whole machine's; new_shm_files picks ours)
 
 
 def _fds() -> dict[int, str]:

@@ -13,8 +13,8 @@ CONFIG_PROC_CHILDREN, which some kernels lack.)
                           included, multiprocessing's own servers excluded
     new_descendants(pids) the same, cheaper: looks at pids new since ``pids()``
     describe(pid)         state and command line, for failure messages
-    new_shm_files(before) names that appeared in /dev/shm, less those another
-                          process on the machine has mapped
+    new_shm_files(before) names that appeared in /dev/shm and that this process
+                          or a descendant made (held, or named so)
 """
 
 from __future__ import annotations
@@ -186,9 +186,12 @@ def leaked(before: dict[int, str], timeout_s: float = 0.0) -> dict[int, str]:
 # ------------------------------------------------------------------ /dev/shm
 SHM_DIR = "/dev/shm"
 
-#: /dev/shm names seen mapped by a process outside this process's family.
-#: Names are random and never come back, so once is enough.
-_FOREIGN_SHM: set[str] = set()
+#: conveyor's own names in /dev/shm (the portable fallback's, unlinked the
+#: moment they are made): one that stays is a leak.
+CONVEYOR_SHM_PREFIX = "conveyor-"
+
+#: torch names its shared-memory files after the process that made them.
+_TORCH_SHM_PREFIX = "torch_"
 
 
 def shm_files() -> set[str]:
@@ -199,33 +202,67 @@ def shm_files() -> set[str]:
         return set()
 
 
-def _mapped_by_others(names: set[str]) -> set[str]:
-    """Those of ``names`` that a process other than this one and its
-    descendants has mapped (a named semaphore or shared memory in use)."""
-    family = {os.getpid(), *descendants()}
-    paths = {os.path.join(SHM_DIR, name): name for name in names}
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in family:
-            continue
-        try:
-            with open(f"/proc/{entry}/maps") as f:
-                maps = f.read()
-        except OSError:
-            continue
-        found.update(name for path, name in paths.items() if path in maps)
-    return found
+def _shm_names_held(pid: int) -> set[str]:
+    """The /dev/shm names that process ``pid`` has open or mapped (empty
+    once it is gone or when /proc hides it)."""
+    prefix = SHM_DIR + "/"
+    paths = []
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                paths.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:  # closed meanwhile
+                pass
+        with open(f"/proc/{pid}/maps") as f:
+            paths.extend(line.split(None, 5)[-1].rstrip("\n") for line in f if prefix in line)
+    except OSError:
+        pass
+    return {path[len(prefix):] for path in paths if path.startswith(prefix) and not path.endswith(" (deleted)")}
+
+
+def _held_by(pids: Iterable[int]) -> set[str]:
+    held: set[str] = set()
+    for pid in pids:
+        held |= _shm_names_held(pid)
+    return held
+
+
+def _named_after(name: str, family: set[int]) -> bool:
+    """True for a name that says one of ``family`` made it: torch's
+    ``torch_<pid>_<n>``."""
+    if not name.startswith(_TORCH_SHM_PREFIX):
+        return False
+    pid = name[len(_TORCH_SHM_PREFIX):].split("_", 1)[0]
+    return pid.isdigit() and int(pid) in family
 
 
 def new_shm_files(before: set[str]) -> set[str]:
-    """Names in /dev/shm that were not in ``before``, less those that some
-    other process on the machine has mapped: /dev/shm is shared by every
-    process on the machine, and another program's multiprocessing
-    semaphores (``sem.mp-*``) are not this test's leak. A file that nobody
-    maps any more (its creator died or forgot to unlink it) counts."""
-    new = shm_files() - before - _FOREIGN_SHM
-    if new:
-        foreign = _mapped_by_others(new)
-        _FOREIGN_SHM.update(foreign)
-        new -= foreign
-    return new
+    """Names that appeared in /dev/shm since ``before`` and that this
+    process tree (this process and its descendants) made.
+
+    /dev/shm is shared by every process on the machine, including those of
+    other containers, which /proc may not show, and a file there does not
+    say who made it. So a new name counts only on evidence that it is ours:
+
+    * this process or one of its descendants has it open or mapped (a
+      multiprocessing semaphore or ``SharedMemory`` a test kept);
+    * its name is conveyor's (``conveyor-...``: unlinked the moment it is
+      made, so one that stays is a leak), unless a process outside this
+      tree holds it (another conveyor run on the machine);
+    * its name carries the pid of one of this tree's processes (torch's
+      ``torch_<pid>_<n>``).
+
+    Another program's files (``psm_*``, ``sem.mp-*``, ``torch_*``) never
+    count, whether it keeps them open, closes them or exits. The price: a
+    file this tree made under another name, closed and never unlinked,
+    goes unnoticed once no process of the tree holds it."""
+    new = shm_files() - before
+    if not new:
+        return new
+    family = {os.getpid(), *descendants()}
+    ours = (new & _held_by(family)) | {name for name in new if _named_after(name, family)}
+    conveyor_named = {name for name in new - ours if name.startswith(CONVEYOR_SHM_PREFIX)}
+    if conveyor_named:
+        others = (int(entry) for entry in os.listdir("/proc") if entry.isdigit() and int(entry) not in family)
+        ours |= conveyor_named - _held_by(others)
+    return ours
