@@ -120,7 +120,7 @@ class MapFetcher:
             sample.at(0)
             samples, count = self._read_one(indices) if spec.skip_errors else dataset[indices], 1
         elif spec.skip_errors:
-            samples = self._read_skipping(indices, sample)
+            samples, indices = self._read_skipping(indices, sample)
             count = len(samples)
         elif hasattr(dataset, "__getitems__"):
             samples = fetch_many(dataset, indices)
@@ -138,7 +138,9 @@ class MapFetcher:
                 samples.append(dataset[i] if place is None else place(dataset[i], k))
             count = len(samples)
         sample.at(-1)
-        return _collate_timed(spec, samples, count, allocate, clock)
+        # Collate errors name samples by dataset index (dataset[9]), as the error's header does.
+        with _collate.naming_samples(indices if spec.auto_collation else None):
+            return _collate_timed(spec, samples, count, allocate, clock)
 
     def _read_concurrently(self, indices: Any, root: Any) -> list:
         """``[dataset[i] for i in indices]``, up to ``reads_in_flight`` at a
@@ -167,19 +169,20 @@ class MapFetcher:
     def _note_skip(self, index: Any, exc: BaseException) -> None:
         self.skipped.append((index, f"{type(exc).__name__}: {exc}", "".join(format_exception(exc))))
 
-    def _read_skipping(self, indices: Any, sample: Any) -> list:
-        """The samples at ``indices`` that load, in order; each that raises
-        one of ``skip_errors`` is left out and noted in ``skipped``.
+    def _read_skipping(self, indices: Any, sample: Any) -> tuple[list, list]:
+        """The samples at ``indices`` that load, in order, and their
+        indices; each that raises one of ``skip_errors`` is left out and
+        noted in ``skipped``.
         ``__getitems__`` is tried first; when it raises such an error, the
         samples are read one by one to find the bad ones."""
         spec, dataset = self.spec, self.spec.dataset
         if hasattr(dataset, "__getitems__"):
             try:
-                return fetch_many(dataset, indices)
+                return fetch_many(dataset, indices), list(indices)
             except spec.skip_errors:
                 pass
         futures = self._submit(indices, sample.root) if spec.reads_in_flight > 1 else None
-        kept = []
+        kept, kept_indices = [], []
         for k, i in enumerate(indices):
             try:
                 if futures is not None:
@@ -189,9 +192,11 @@ class MapFetcher:
                     kept.append(dataset[i])
             except spec.skip_errors as exc:
                 self._note_skip(i, exc)
+            else:
+                kept_indices.append(i)
         if not kept:
             raise EmptyBatch
-        return kept
+        return kept, kept_indices
 
     def _read(self, worker: Any, root: Any, key: int, index: Any) -> Any:
         """One read, in a reading thread: it answers get_worker_info() as

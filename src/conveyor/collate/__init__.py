@@ -26,12 +26,13 @@ process). ``torch_default_collate`` is the two composed and equals
 
 User types are taught with :func:`register_collate`; variable-length
 sequences are padded by :class:`PadCollate`. Errors name the place in the
-sample that failed (``batch["image"]``), the samples that disagree and how::
+sample that failed (``batch["image"]``), the samples that disagree (by
+dataset index when a loader collates, else by place in the batch) and how::
 
     RuntimeError: stack expects each tensor to be equal size, but got
     [3, 224, 224] at entry 0 and [3, 200, 224] at entry 5. default_collate:
-    cannot stack batch["image"]: sample 0 has shape (3, 224, 224) but sample 5
-    has shape (3, 200, 224) ...
+    cannot stack batch["image"]: dataset[40] has shape (3, 224, 224) but
+    dataset[17] has shape (3, 200, 224) ...
 
 torch is imported only when a sample holds tensors (it is then already
 loaded) or when a ``torch_*`` function, :func:`to_torch` or
@@ -51,6 +52,7 @@ Modules, one concept each; each imports only modules above it in this list
 """
 
 from .convert import array_to_tensor, default_convert, to_torch, torch_default_collate, torch_default_convert  # noqa: F401
+from .errors import naming_samples  # noqa: F401  (the engine: errors name samples by dataset index)
 from .leaves import Allocate, Allocator, HeapAllocator, allocate_batch  # noqa: F401  (the allocation protocol)
 from .padding import PadCollate, Padded, TorchPadCollate
 from .registry import CollateFn, CollateFnMap, register_collate, unregister_collate  # noqa: F401

@@ -4,13 +4,18 @@ A path is the tuple of steps from the batch to one place in it, printed as
 ``batch["image"][3].boxes``; messages start with torch's own wording (users
 grep their logs for it) and go on to name the place, the samples that disagree
 and the fix.
+
+A sample is named by its dataset index (``dataset[9]``) when the loader says
+which indices the batch holds (:func:`naming_samples`, around a map-style
+batch's collation), else by its position in the batch (``sample 1``).
 """
 
 from __future__ import annotations
 
 import collections.abc
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -54,9 +59,65 @@ def _type_name(obj: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _positions(indices: Sequence[int]) -> str:
-    shown = ", ".join(str(i) for i in indices[:_MAX_POSITIONS_SHOWN])
-    return shown + (", ..." if len(indices) > _MAX_POSITIONS_SHOWN else "")
+#: The dataset indices of the samples being collated, in batch order, or
+#: None where they are unknown (an iterable dataset, a direct call).
+#: A context variable: each worker thread collates in its own context.
+_DATASET_INDICES: ContextVar[Optional[Sequence[Any]]] = ContextVar("conveyor_collate_indices", default=None)
+
+
+class naming_samples:  # noqa: N801  (a context manager, named as contextlib's are)
+    """Within this block, collate errors name the sample at position ``k``
+    by its dataset index, ``dataset[indices[k]]``; the loader's fetcher
+    wraps a map-style batch's collation in it. A class rather than a
+    generator: it runs once per batch, and costs a fraction of a µs."""
+
+    __slots__ = ("_indices", "_token")
+
+    def __init__(self, indices: Optional[Sequence[Any]]) -> None:
+        self._indices = indices
+
+    def __enter__(self) -> None:
+        self._token = _DATASET_INDICES.set(self._indices)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        _DATASET_INDICES.reset(self._token)
+
+
+def _sample(position: int) -> str:
+    """The sample at ``position`` of the batch, in words: ``dataset[9]``
+    when its dataset index is known, else ``sample 1``."""
+    indices = _DATASET_INDICES.get()
+    if indices is not None and 0 <= position < len(indices):
+        return f"dataset[{_format_key(indices[position])}]"
+    return f"sample {position}"
+
+
+def _positions(positions: Sequence[int]) -> str:
+    """Several samples, in words: ``dataset[9], dataset[11]`` or ``1, 3``
+    (positions in the batch), the first few of them."""
+    indices = _DATASET_INDICES.get()
+    named = _sample if indices is not None and len(indices) > max(positions, default=0) else str
+    shown = ", ".join(named(i) for i in positions[:_MAX_POSITIONS_SHOWN])
+    return shown + (", ..." if len(positions) > _MAX_POSITIONS_SHOWN else "")
+
+
+def _pad_example(path: tuple, lists: bool = False) -> Optional[str]:
+    """A one-line ``collate_fn=PadCollate(...)`` for the leaf at ``path``,
+    padding only under its mapping key when it has one (which also pads
+    plain lists of numbers there); None for a list with no key above it,
+    which PadCollate leaves as a list."""
+    key = next((step for step in reversed(path) if not isinstance(step, (int, _Field))), None)
+    if key is None:
+        return None if lists else "DataLoader(..., collate_fn=PadCollate(0, return_mask=True))"
+    return f"DataLoader(..., collate_fn=PadCollate({{{_format_key(key)}: 0}}, return_mask=True))"
+
+
+def _with_padcollate(example: str) -> str:
+    """The PadCollate suggestion, one wording for every message that makes it."""
+    return (
+        f"with PadCollate (from conveyor, or conveyor.torch for tensors), which also gives each "
+        f"sample's length and a mask: {example}"
+    )
 
 
 def _differing(values: Sequence[Any]) -> list[int]:
@@ -66,12 +127,13 @@ def _differing(values: Sequence[Any]) -> list[int]:
 
 
 def _disagreement(values: Sequence[Any], what: str, describe: Callable[[Any], str] = str) -> str:
-    """'sample 0 has <what> X but sample j has <what> Y (k of B samples differ ...)'."""
+    """'sample 0 has <what> X but sample j has <what> Y (k of B samples differ ...)',
+    samples named as :func:`_sample` says."""
     bad = _differing(values)
     j = bad[0]
-    text = f"sample 0 has {what} {describe(values[0])} but sample {j} has {what} {describe(values[j])}"
+    text = f"{_sample(0)} has {what} {describe(values[0])} but {_sample(j)} has {what} {describe(values[j])}"
     if len(bad) > 1:
-        text += f" ({len(bad)} of {len(values)} samples differ from sample 0: {_positions(bad)})"
+        text += f" ({len(bad)} of {len(values)} samples differ from {_sample(0)}: {_positions(bad)})"
     return text
 
 
@@ -91,8 +153,8 @@ def _mismatch_error(batch: Sequence[Any], i: int, kind: str, path: tuple, ctx: _
     sample = batch[i]
     name = _type_name(sample)
     detail = (
-        f"{ctx.name}: cannot collate {_format_path(path)}: sample 0 is {kind} ({_type_name(batch[0])}) "
-        f"but sample {i} is {name}; every sample must hold the same kind of value here."
+        f"{ctx.name}: cannot collate {_format_path(path)}: {_sample(0)} is {kind} ({_type_name(batch[0])}) "
+        f"but {_sample(i)} is {name}; every sample must hold the same kind of value here."
     )
     if isinstance(sample, (str, bytes, collections.abc.Sequence, np.generic)):
         return TypeError(detail)

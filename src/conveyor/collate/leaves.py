@@ -22,7 +22,10 @@ from .errors import (
     _disagreement,
     _format_path,
     _mismatch_error,
+    _pad_example,
+    _sample,
     _type_name,
+    _with_padcollate,
 )
 
 if TYPE_CHECKING:
@@ -136,7 +139,7 @@ def _as_arrays(batch: Sequence[Any], path: tuple, ctx: _Context) -> list[np.ndar
         elif sample.dtype.kind in _UNSUPPORTED_KINDS:
             raise TypeError(
                 _TORCH_TYPE_MESSAGE.format(sample.dtype)
-                + f". {ctx.name}: cannot collate {_format_path(path)}: sample {i} is an array of dtype "
+                + f". {ctx.name}: cannot collate {_format_path(path)}: {_sample(i)} is an array of dtype "
                 f"{sample.dtype}; string and object arrays cannot be batched. Keep them as str/bytes "
                 f"(collated into a list) or encode them as numbers."
             )
@@ -147,9 +150,9 @@ def _as_arrays(batch: Sequence[Any], path: tuple, ctx: _Context) -> list[np.ndar
 def _unequal_shapes_message(shapes: Sequence[tuple], path: tuple, ctx: _Context) -> str:
     j = _differing(shapes)[0]
     torch_text = _TORCH_STACK_MESSAGE.format(list(shapes[0]), 0, list(shapes[j]), j)
-    hint = "Resize or crop to one size"
+    hint = "Resize or crop them to one size"
     if len(shapes[0]) > 0 and len({s[1:] for s in shapes}) == 1 and len({len(s) for s in shapes}) == 1:
-        hint += ", or pass collate_fn=PadCollate(...) to pad them along the first axis"
+        hint += f", or pad them along their first axis {_with_padcollate(_pad_example(path))}"
     return (
         f"{torch_text}. {ctx.name}: cannot stack {_format_path(path)}: "
         f"{_disagreement(shapes, 'shape')}. {hint}."
@@ -181,7 +184,7 @@ def _collate_numbers(batch: Sequence[Any], path: tuple, ctx: _Context) -> Any:
     except OverflowError:
         i = next((i for i, x in enumerate(batch) if isinstance(x, int) and not -(2**63) <= x < 2**63), 0)
         raise ValueError(
-            f"Overflow when unpacking long long. {ctx.name}: cannot collate {_format_path(path)}: sample {i} "
+            f"Overflow when unpacking long long. {ctx.name}: cannot collate {_format_path(path)}: {_sample(i)} "
             f"holds {batch[i]}, which does not fit in int64."
         ) from None
     if ctx.allocate is allocate_batch:
@@ -206,8 +209,8 @@ def _number_mismatch_error(
     else:
         error_type, torch_text = RuntimeError, f"Could not infer dtype of {name}"
     return error_type(
-        f"{torch_text}. {ctx.name}: cannot collate {_format_path(path)}: sample 0 is "
-        f"{_type_name(batch[0])} but sample {i} is {name}; every sample must hold a number here."
+        f"{torch_text}. {ctx.name}: cannot collate {_format_path(path)}: {_sample(0)} is "
+        f"{_type_name(batch[0])} but {_sample(i)} is {name}; every sample must hold a number here."
     )
 
 
@@ -235,7 +238,7 @@ def _stack_tensors(batch: Sequence[Any], path: tuple, ctx: _Context, torch: Any)
         if not isinstance(sample, torch.Tensor):
             raise TypeError(
                 f"expected Tensor as element {i} in argument 0, but got {_type_name(sample)}. {where}: "
-                f"sample 0 is a torch.Tensor but sample {i} is {_type_name(sample)}."
+                f"{_sample(0)} is a torch.Tensor but {_sample(i)} is {_type_name(sample)}."
             )
     shapes = [tuple(t.shape) for t in batch]
     if any(shape != shapes[0] for shape in shapes):

@@ -22,6 +22,7 @@ from .errors import (
     _disagreement,
     _format_path,
     _mismatch_error,
+    _sample,
 )
 from .leaves import _holds_tensor
 
@@ -107,7 +108,7 @@ def _as_pad_arrays(batch: Sequence[Any], path: tuple, ctx: _Context) -> list[np.
                 sample = np.empty(0, object)
             if sample.dtype.kind not in _NUMERIC_KINDS:
                 raise TypeError(
-                    f"PadCollate: cannot pad {_format_path(path)}: sample {i} is not a (nested) list of "
+                    f"PadCollate: cannot pad {_format_path(path)}: {_sample(i)} is not a (nested) list of "
                     f"numbers of one shape."
                 )
         if not isinstance(sample, np.ndarray):
@@ -115,7 +116,7 @@ def _as_pad_arrays(batch: Sequence[Any], path: tuple, ctx: _Context) -> list[np.
         if sample.dtype.kind in _UNSUPPORTED_KINDS:
             raise TypeError(
                 _TORCH_TYPE_MESSAGE.format(sample.dtype)
-                + f". PadCollate: cannot pad {_format_path(path)}: sample {i} has dtype {sample.dtype}."
+                + f". PadCollate: cannot pad {_format_path(path)}: {_sample(i)} has dtype {sample.dtype}."
             )
         arrays.append(sample)
     return _shape_empty_lists(arrays)
@@ -139,7 +140,7 @@ def _check_pad_shapes(shapes: Sequence[tuple], path: tuple, ctx: _Context) -> tu
     for i, shape in enumerate(shapes):
         if len(shape) == 0:
             raise RuntimeError(
-                f"PadCollate: cannot pad {_format_path(path)}: sample {i} is 0-dimensional; padded values "
+                f"PadCollate: cannot pad {_format_path(path)}: {_sample(i)} is 0-dimensional; padded values "
                 f"need a first (sequence) axis.{_keys_hint(ctx)}"
             )
     rests = [shape[1:] for shape in shapes]

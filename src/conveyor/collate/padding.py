@@ -75,8 +75,10 @@ class PadCollate:
         array([0, 1])
 
     Numpy in, numpy out; torch tensors in, tensors out (on their device; the
-    lengths on the CPU). :class:`TorchPadCollate` returns tensors in every case.
-    Instances pickle, so they can be sent to worker processes.
+    lengths on the CPU). ``conveyor.torch.PadCollate`` (the class
+    :class:`TorchPadCollate` of ``conveyor.collate``) returns tensors in every
+    case. Instances pickle, so they can be sent to worker processes. See
+    docs/text.md for padding with token budgets, masks and resume.
     """
 
     def __init__(
@@ -151,7 +153,8 @@ class PadCollate:
 
 
 class TorchPadCollate(PadCollate):
-    """:class:`PadCollate` that returns torch tensors (``to_torch`` of its numpy result)."""
+    """:class:`PadCollate` that returns torch tensors (``to_torch`` of its
+    numpy result); users reach it as ``conveyor.torch.PadCollate``."""
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         return to_torch(super().__call__(batch))

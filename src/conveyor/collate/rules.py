@@ -25,8 +25,11 @@ from .errors import (
     _format_key,
     _format_path,
     _note_path,
+    _pad_example,
     _positions,
+    _sample,
     _type_name,
+    _with_padcollate,
 )
 from .leaves import Allocate, _collate_arrays, _collate_numbers, _stack_tensors, allocate_batch, as_allocator
 from .pad_leaf import _child_scope, _is_number_list, _pad_leaf, _PadScope
@@ -118,7 +121,7 @@ def _collate(batch: Sequence[Any], path: tuple, ctx: _Context, scope: _PadScope 
         return _collate_sequence(batch, path, ctx, scope)
     raise TypeError(
         _TORCH_TYPE_MESSAGE.format(cls)
-        + f". {ctx.name}: cannot collate {_format_path(path)} (sample 0 is {_type_name(elem)}). "
+        + f". {ctx.name}: cannot collate {_format_path(path)} ({_sample(0)} is {_type_name(elem)}). "
         f"Convert it in the dataset, or teach conveyor with register_collate({cls.__name__}, fn)."
     )
 
@@ -138,8 +141,8 @@ def _require_all(batch: Sequence[Any], kind: type, kind_name: str, path: tuple, 
     for i, sample in enumerate(batch):
         if not isinstance(sample, kind):
             raise TypeError(
-                f"{ctx.name}: cannot collate {_format_path(path)}: sample 0 is {kind_name} "
-                f"({_type_name(batch[0])}) but sample {i} is {_type_name(sample)}; every sample must "
+                f"{ctx.name}: cannot collate {_format_path(path)}: {_sample(0)} is {kind_name} "
+                f"({_type_name(batch[0])}) but {_sample(i)} is {_type_name(sample)}; every sample must "
                 f"have the same structure."
             )
 
@@ -154,9 +157,9 @@ def _collate_mapping(batch: Sequence[Any], path: tuple, ctx: _Context, scope: _P
         except KeyError:
             missing = [i for i, sample in enumerate(batch) if key not in sample]
             raise KeyError(
-                f"{ctx.name}: cannot collate {_format_path(path)}: sample {missing[0]} has no key "
-                f"{_format_key(key)}, which sample 0 has (samples without it: {_positions(missing)}); "
-                f"every sample must have the keys of sample 0."
+                f"{ctx.name}: cannot collate {_format_path(path)}: {_sample(missing[0])} has no key "
+                f"{_format_key(key)}, which {_sample(0)} has (samples without it: {_positions(missing)}); "
+                f"every sample must have the keys of the first."
             ) from None
         collated[key] = _collate(column, path + (key,), ctx, _child_scope(ctx, scope, key))
     return _rebuild_mapping(elem, collated)
@@ -173,6 +176,14 @@ def _collate_namedtuple(batch: Sequence[Any], path: tuple, ctx: _Context, scope:
     )
 
 
+def _pad_lists_hint(path: tuple) -> str:
+    """How to pad lists of numbers of several lengths instead."""
+    example = _pad_example(path, lists=True)
+    if example is None:  # PadCollate pads plain lists only under a key it is given
+        example = "numpy arrays from __getitem__, then DataLoader(..., collate_fn=PadCollate(0, return_mask=True))"
+    return f"pad variable-length sequences {_with_padcollate(example)}"
+
+
 def _collate_sequence(batch: Sequence[Any], path: tuple, ctx: _Context, scope: _PadScope | None) -> Any:
     elem = batch[0]
     sizes = []
@@ -181,15 +192,15 @@ def _collate_sequence(batch: Sequence[Any], path: tuple, ctx: _Context, scope: _
             sizes.append(len(sample))
         except TypeError:
             raise TypeError(
-                f"{ctx.name}: cannot collate {_format_path(path)}: sample 0 is a sequence "
-                f"({_type_name(elem)}) but sample {i} is {_type_name(sample)}, which has no len(); "
+                f"{ctx.name}: cannot collate {_format_path(path)}: {_sample(0)} is a sequence "
+                f"({_type_name(elem)}) but {_sample(i)} is {_type_name(sample)}, which has no len(); "
                 f"every sample must have the same structure."
             ) from None
     if any(size != sizes[0] for size in sizes):
         raise RuntimeError(
             f"{_TORCH_SEQUENCE_MESSAGE}. {ctx.name}: cannot collate {_format_path(path)}: "
             f"{_disagreement(sizes, 'length')}. Sequences are collated position by position, so "
-            f"all must have one length; for variable-length sequences pass collate_fn=PadCollate(...)."
+            f"all must have one length; {_pad_lists_hint(path)}."
         )
     # Columns stay the tuples zip makes: torch hands str columns back as they are.
     values = [_collate(column, path + (i,), ctx, scope) for i, column in enumerate(zip(*batch))]
