@@ -1,19 +1,22 @@
-"""Run an image-classification input pipeline through conveyor and torch.utils.data, side by side.
+"""Run an image pipeline through conveyor and torch.utils.data, side by side.
 
-On first run it writes a small synthetic JPEG folder (cached; no download)
-in the usual class-per-subfolder layout; ``--data DIR`` uses a real folder
-laid out the same way. Each sample is decoded with Pillow, randomly cropped
-and flipped; batches are ``uint8`` images ``(B, 3, crop, crop)`` and ``int64`` labels.
+On first run it writes a small synthetic JPEG folder (cached under
+~/.cache/conveyor; nothing is downloaded) in the usual root/<class>/<image>
+layout; --data DIR reads a real folder laid out the same way. Each sample
+is decoded with Pillow, randomly cropped and flipped; batches are uint8
+images (B, 3, crop, crop) and int64 labels.
 
-conveyor's DataLoader (``conveyor.torch``'s when torch is installed) and
-torch.utils.data's get the same arguments (batch size, shuffle, num_workers,
-persistent workers) and the same loop, a small step per batch (a sum over
-its bytes), their epochs taking turns, each with a live bar. Then come
-conveyor's own stats (``loader.stats().summary()``: a table and a verdict),
-both loaders' samples/s side by side, and a PNG of samples/s and data wait
-over time (``--plot PATH``, ``--no-plot``). Data wait is timed alike for
-both, in the loop: the time blocked in ``iter()`` and ``next()``, which
-conveyor's stats call ``wait``. Without torch, conveyor runs alone.
+Both loaders get the same arguments (batch size, shuffle, num_workers,
+persistent workers) and the same loop, with a small step per batch (a sum
+over its bytes); their epochs take turns, each with a live bar. Then come
+conveyor's stats (loader.stats().summary(): a table and a verdict), both
+loaders' samples/s side by side, and a PNG of samples/s and data wait over
+time. Data wait is timed alike for both: the time the loop spends blocked
+in iter() and next(). Without torch installed, conveyor runs alone.
+
+examples:
+  conveyor demo
+  conveyor demo --data ~/datasets/imagenette/train --workers 4
 """
 
 from __future__ import annotations
@@ -138,14 +141,20 @@ def _random_crop(img: Any, size: int) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", type=Path, default=None, help="an image folder (root/<class>/<image>); default: synthetic")
-    parser.add_argument("--workers", type=int, default=2, help="num_workers (default 2)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--epochs", type=int, default=4, help="epochs per loader (default 4: about 10 s in all on 2 cores)")
-    parser.add_argument("--crop", type=int, default=224)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--data", type=Path, default=None, metavar="DIR", help="an image folder, root/<class>/<image> (default: synthetic)"
+    )
+    parser.add_argument("--workers", type=int, default=2, metavar="N", help="num_workers of both loaders (default 2)")
+    parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per batch (default 32)")
+    parser.add_argument(
+        "--epochs", type=int, default=4, metavar="N", help="epochs per loader (default 4: about 10 s in all on 2 cores)"
+    )
+    parser.add_argument("--crop", type=int, default=224, metavar="PIXELS", help="side of the random crop (default 224)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the shuffles and crops (default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (no bars)")
-    parser.add_argument("--plot", type=Path, default=Path("conveyor-demo.png"), help="the PNG (default ./conveyor-demo.png)")
+    parser.add_argument(
+        "--plot", type=Path, default=Path("conveyor-demo.png"), metavar="PNG", help="where the plot goes (default ./conveyor-demo.png)"
+    )
     parser.add_argument("--no-plot", action="store_true", help="write no PNG")
 
 

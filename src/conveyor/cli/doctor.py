@@ -1,16 +1,24 @@
 """Check this machine for what makes an input pipeline slow or crash.
 
-Each check prints one line, ``OK``, ``WARN`` or ``FAIL``, with what it saw;
-a warning or failure adds a ``fix:`` line saying what to do. The exit status
-is 1 when a check fails, else 0. ``--data DIR`` also times reading that
-folder, cold (its cached pages dropped first) and warm; ``--json`` prints a
-JSON list of ``{name, status, detail, fix}`` instead.
+The checks: versions, cores against the workers you plan, the start
+method, thread settings, shared memory (memfd and /dev/shm), the open-file
+limit and the accelerator; with --data DIR, also how fast that folder
+reads, cold (its cached pages dropped first) and warm.
 
-Every check is a function of the values it judges; each value is read from
-this machine unless passed (the default :data:`FROM_SYSTEM`), so tests fake
-a bad machine by passing values. torch is imported only inside the checks
-that ask it, and only when it is installed.
+Each check prints one line, OK, WARN or FAIL, with what it saw; a warning
+or failure adds a "fix:" line that says what to do. The exit status is 1
+when a check fails, else 0, so a job's prologue or CI can stop on it.
+
+examples:
+  conveyor doctor
+  conveyor doctor --num-workers 8 --data /data/train
+  conveyor doctor --json > doctor.json
 """
+
+# (The docstring above is `conveyor doctor --help`.) Every check is a function
+# of the values it judges; each value is read from this machine unless passed
+# (the default FROM_SYSTEM), which is how the tests fake a bad machine. torch
+# is imported only inside the checks that ask it, and only when installed.
 
 from __future__ import annotations
 
@@ -468,9 +476,15 @@ def _count(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-workers", type=_count, help="the num_workers you plan (default: usable cores)")
-    parser.add_argument("--data", type=Path, help="also time reading this folder (drops its cached pages first)")
-    parser.add_argument("--json", action="store_true", help="print a JSON list of {name, status, detail, fix}")
+    parser.add_argument(
+        "--num-workers", type=_count, metavar="N", help="the num_workers you plan to use (default: the usable cores)"
+    )
+    parser.add_argument(
+        "--data", type=Path, metavar="DIR", help="also time reading this folder, cold and warm (drops its cached pages first)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON list of {name, status, detail, fix} instead of text"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
