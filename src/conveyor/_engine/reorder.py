@@ -14,7 +14,9 @@ from typing import Any, Callable, Optional
 
 
 class ReorderBuffer:
-    """Holds finished batches until their turn.
+    """Holds finished batches until their turn; what it holds is bounded by
+    the batches in flight, however long the stream (each structure drops an
+    entry when delivery passes it).
 
     ``put`` takes a finished batch's record, ``retire`` a planned batch
     that will never come; ``take`` gives the next record to deliver, or
@@ -42,11 +44,13 @@ class ReorderBuffer:
 
     def put(self, index: int, record: Any) -> None:
         self._ready[index] = record
-        self._arrivals.append(index)
+        if not self.in_order:  # (in plan order, next_index says what comes next)
+            self._arrivals.append(index)
 
     def retire(self, index: int) -> None:
         self._retired.add(index)
-        self._arrivals.append(index)
+        if not self.in_order:
+            self._arrivals.append(index)
 
     def take(self) -> Optional[Any]:
         if not self.in_order:
