@@ -1,0 +1,145 @@
+"""How ``conveyor tune`` picks a setting from its measurements, and keeps its advice in line with the pick.
+
+    every setting's rounds ──noise()──▶ tolerance() ──ties()──▶ the settings as fast as the fastest
+                                                              ──recommend()──▶ the leanest of them
+    the verdict on the recommended setting ──advise()──▶ advice that never asks for a setting the
+                                                         sweep measured and did not recommend
+
+Pure functions of the numbers: the tests feed them made-up measurements.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from typing import Optional
+
+from .tune_measure import Result
+
+#: Settings whose median rates differ by less than this share always tie, however quiet the
+#: machine: a gain this small is not worth another worker's memory.
+NEAR_BEST = 0.05
+
+
+def measured(results: list[Result]) -> list[Result]:
+    """The settings that were measured and fit the memory budget."""
+    return [r for r in results if r.status == "measured" and r.samples_per_s]
+
+
+def noise(results: list[Result]) -> float:
+    """How much one setting's rounds typically disagree: the median, over the settings measured
+    in at least two rounds, of (fastest round - slowest round) / median round; 0 without such a setting.
+
+    >>> from conveyor.cli.tune_measure import Round
+    >>> def setting(workers, *rates):
+    ...     return Result(workers, 2, None, rounds=tuple(Round(rate) for rate in rates))
+    >>> noise([setting(1, 90, 100, 110), setting(2, 190, 200, 200), setting(3, 200, 200, 200)])
+    0.05
+    """
+    spreads = []
+    for r in measured(results):
+        if len(r.rounds) >= 2:
+            low, high = r.rate_range
+            spreads.append((high - low) / r.samples_per_s)
+    return statistics.median(spreads) if spreads else 0.0
+
+
+def tolerance(results: list[Result]) -> float:
+    """The share of the fastest median rate within which settings tie: the noise, and at least NEAR_BEST."""
+    return max(NEAR_BEST, noise(results))
+
+
+def ties(results: list[Result]) -> list[Result]:
+    """The measured settings whose median rate is within :func:`tolerance` of the fastest median, fastest first."""
+    candidates = sorted(measured(results), key=lambda r: -r.samples_per_s)
+    if not candidates:
+        return []
+    floor = (1 - tolerance(results)) * candidates[0].samples_per_s
+    return [r for r in candidates if r.samples_per_s >= floor]
+
+
+def leanness(r: Result) -> tuple:
+    """What a tie is decided by: fewer workers, then a smaller prefetch, then a smaller batch, then less memory."""
+    return (r.workers, r.prefetch or 0, r.batch_size or 0, r.peak_memory_mb or 0.0)
+
+
+def recommend(results: list[Result]) -> Optional[Result]:
+    """The leanest of the settings that tie with the fastest (None when nothing was measured)."""
+    tied = ties(results)
+    return min(tied, key=leanness) if tied else None
+
+
+# ------------------------------------------------------------------ advice
+#: How the verdict names a worker count it suggests ("num_workers=4").
+_WORKERS = re.compile(r"\bnum_workers=(\d+)")
+#: The verdict suggests more batches in flight by naming prefetch_factor.
+_PREFETCH = "prefetch_factor"
+
+
+def suggested_workers(advice: str) -> set[int]:
+    """The worker counts that ``advice`` tells the user to set."""
+    return {int(n) for n in _WORKERS.findall(advice)}
+
+
+def suggests_prefetch(advice: str) -> bool:
+    """Whether ``advice`` tells the user to change prefetch_factor."""
+    return _PREFETCH in advice
+
+
+def contradicted(rec: Result, results: list[Result], advice: str) -> list[Result]:
+    """The measured settings that ``advice`` on ``rec`` asks for although the sweep did not recommend them:
+    another worker count it names; when it names prefetch_factor, a larger prefetch at rec's worker
+    count (or, with no workers, any setting with workers: only they prefetch)."""
+    same_batch = [r for r in measured(results) if r.batch_size == rec.batch_size and r is not rec]
+    asked = suggested_workers(advice) - {rec.workers}
+    if suggests_prefetch(advice):
+        return [r for r in same_batch if r.workers in asked or _more_in_flight(r, rec)]
+    return [r for r in same_batch if r.workers in asked]
+
+
+def _more_in_flight(r: Result, rec: Result) -> bool:
+    """Whether ``r`` is ``rec`` with a larger prefetch (with workers where rec has none)."""
+    if not rec.workers:
+        return r.workers > 0
+    return r.workers == rec.workers and (r.prefetch or 0) > (rec.prefetch or 0)
+
+
+def _setting_words(r: Result) -> str:
+    """A setting in words that no parser takes for advice ("2 workers, prefetch 4")."""
+    text = f"{r.workers} worker{'s' * (r.workers != 1)}" + (f", prefetch {r.prefetch}" if r.workers else "")
+    return text + (f", batch {r.batch_size}" if r.batch_size is not None else "")
+
+
+def advise(rec: Result, results: list[Result]) -> str:
+    """The verdict's advice on ``rec`` (on its median round), unless it asks for settings the sweep
+    measured and did not recommend: then what the sweep found for each of them instead."""
+    middle = rec.median_round
+    advice = middle.advice if middle else ""
+    against = contradicted(rec, results, advice)
+    tried = {r.workers for r in measured(results)}
+    if not against:  # what it asks for, if anything, the sweep never tried: not a contradiction
+        if suggested_workers(advice) - tried:
+            counts = ",".join(map(str, sorted(tried | suggested_workers(advice))))
+            advice += f" (not measured here: conveyor tune ... --workers {counts} to compare)"
+        elif suggests_prefetch(advice) and rec.workers:
+            advice += " (not measured here: add larger values to conveyor tune's --prefetch to compare)"
+        return advice
+    tied = ties(results)
+
+    def finding(r: Result) -> str:
+        if r in tied:
+            return f"{_setting_words(r)} at {r.samples_per_s:,.0f} samples/s, as fast within the noise"
+        return f"{_setting_words(r)} at {r.samples_per_s:,.0f} samples/s, slower than the fastest beyond the noise"
+
+    fastest_two = sorted(against, key=lambda r: -r.samples_per_s)[:2]  # evidence enough
+    text = (
+        f"the stats of this setting alone suggest another one, which the sweep measured (settings within "
+        f"{tolerance(results):.0%} of the fastest tie; {rec.samples_per_s:,.0f} samples/s here): "
+        + "; ".join(map(finding, fastest_two))
+    )
+    if any(r in tied for r in against) and middle is not None and middle.slowest_stage is not None:
+        text += (
+            f". More workers or batches in flight do not help: the time goes to {middle.slowest_stage} "
+            f"({middle.slowest_share:.0%} of loading time); make it cheaper, or check what else uses the cores"
+        )
+    return text
