@@ -1,12 +1,15 @@
 """A small image-classification input pipeline, for trying conveyor's stats.
 
     python examples/images.py                 # a short "training" run, then loader.stats().summary()
-    conveyor tune examples/images.py:dataset --step-ms 20    # sweep num_workers x prefetch_factor
+    conveyor tune examples/images.py:dataset --step-ms 5 --workers 0,1,2,3 --seconds 2
+                                              # sweep num_workers x prefetch_factor (the README's run)
 
 The data is the demo's synthetic JPEG folder (written once under
-~/.cache/conveyor); each sample is decoded, randomly cropped and flipped
-(conveyor.cli.demo.ImageFolder). The "training step" is a sleep, standing
-for the time a model takes on a batch.
+~/.cache/conveyor): 1,000 images, so a pass is 32 batches of 32, often
+shorter than what ``conveyor tune`` measures of a setting; it then runs as
+many passes as it needs, keeping the workers between them. Each sample is
+decoded, randomly cropped and flipped (conveyor.cli.demo.ImageFolder). The
+"training step" is a sleep, standing for the time a model takes on a batch.
 """
 
 from __future__ import annotations
