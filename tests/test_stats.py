@@ -102,7 +102,8 @@ def test_wait_and_compute_add_up_to_wall_time(num_workers):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_slow_getitem_is_input_bound_on_fetch(num_workers):
-    loader = conveyor.DataLoader(Sleepy(48, 0.005), batch_size=4, num_workers=num_workers)
+    # 40 batches and at least 0.8 s of sleeping: enough for a verdict.
+    loader = conveyor.DataLoader(Sleepy(160, 0.01), batch_size=4, num_workers=num_workers)
     _drain(loader)
     stats = loader.stats()
     verdict = stats.verdict(cores=2)
@@ -118,12 +119,13 @@ def test_a_slow_getitem_is_input_bound_on_fetch(num_workers):
     else:
         assert "num_workers=" in verdict.advice
     text = io.StringIO()
-    assert stats.summary(file=text, cores=2) == verdict
+    assert stats.summary(file=text, cores=2) is None  # (printed once; nothing for a REPL to show again)
     assert "input-bound" in text.getvalue() and "fetch" in text.getvalue()
+    assert text.getvalue() == stats.text(cores=2) + "\n"
 
 
 def test_a_slow_training_step_is_compute_bound():
-    loader = conveyor.DataLoader(Squares(64), batch_size=8, num_workers=2)
+    loader = conveyor.DataLoader(Squares(200), batch_size=8, num_workers=2)
     _drain(loader, step_s=0.03)
     verdict = loader.stats().verdict(cores=2)
     assert verdict.bound == "compute"
@@ -329,6 +331,7 @@ def _stats(num_workers=2, wait=0.5, busy=0.9, cpu=0.9, cpu_wait=0.0, slowest="fe
         data_wait_fraction=wait,
         startup_s=startup, steady_wait_fraction=wait, workers_busy_fraction=busy, loading_cpu_fraction=cpu,
         loading_cpu_wait_fraction=cpu_wait, num_workers=num_workers, slots_in_use=0, passes=passes, stages=stages,
+        loading_off_cpu_fraction=None if cpu_wait is None else max(0.0, 1.0 - cpu - cpu_wait),
     )  # fmt: skip
 
 
@@ -360,17 +363,39 @@ def test_each_rule_of_the_verdict_names_its_remedy(stats, bound, words):
 def test_the_thread_clock_tells_computing_from_sleeping():
     from conveyor._engine.cpu import ThreadClock
 
-    clock = ThreadClock()
+    clock = ThreadClock(every_s=0.0)
     try:
+        started = time.perf_counter()
+        clock.begin(started)
         time.sleep(0.05)
-        slept_cpu, _ = clock.used()
+        slept_cpu, slept_wait = clock.end()
+        slept_span = time.perf_counter() - started
+        clock.begin(time.perf_counter())
         end = time.thread_time() + 0.05  # (CPU time: a loaded machine does not shorten it)
         while time.thread_time() < end:
             pass
-        busy_cpu, _ = clock.used()
+        busy_cpu, _ = clock.end()
     finally:
         clock.close()
     assert slept_cpu < 0.02 and busy_cpu >= 0.045
+    # Read inside the span: on a CPU and waiting for one fit in it.
+    if slept_wait == slept_wait:  # (NaN where the system does not report it)
+        assert slept_cpu + slept_wait <= slept_span
+
+
+def test_the_thread_clock_measures_a_batch_only_when_one_is_due():
+    from conveyor._engine.cpu import ThreadClock
+
+    clock = ThreadClock(every_s=3600.0)
+    try:
+        clock.begin(time.perf_counter())
+        first = clock.end()
+        clock.begin(time.perf_counter())
+        second = clock.end()
+    finally:
+        clock.close()
+    assert first[0] == first[0]  # the first batch is measured
+    assert second[0] != second[0] and second[1] != second[1]  # the next hour's are not (NaN)
 
 
 def test_persistent_workers_are_not_advised_twice():

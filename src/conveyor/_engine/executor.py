@@ -183,20 +183,21 @@ class InProcessExecutor:
             return Delivered(task.batch_index, skipped=self._skipped(task), empty=True)
         except Exception as error:
             return Delivered(task.batch_index, error=error, copies=self._copies())
-        timings = None if clock is None else _timings(task, clock, *self._cpu.used())
+        timings = None if clock is None else _timings(task, clock, *self._cpu.end())
         return Delivered(task.batch_index, data, copies=self._copies(), timings=timings, skipped=self._skipped(task))
 
     def _skipped(self, task: PlannedBatch) -> tuple:
         return skipped_records(self._fetcher.skipped, task.batch_index, "the main process")
 
     def _start_clock(self) -> StageClock:
-        """A clock for the batch; the CPU figures from now on (read around
-        each load: between batches this thread runs the training loop)."""
+        """A clock for the batch, and the CPU figures from its start (read
+        around each load: between batches this thread runs the training loop)."""
         if self._cpu is None or self._cpu.thread != threading.get_ident():
             self.close_clock()
             self._cpu = ThreadClock()
-        self._cpu.used()
-        return StageClock()
+        clock = StageClock()
+        self._cpu.begin(clock.started_at)
+        return clock
 
     def close_clock(self) -> None:
         if self._cpu is not None:

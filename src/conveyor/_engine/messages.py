@@ -62,9 +62,10 @@ class LoadTimes(NamedTuple):
     fetch_s: float
     collate_s: float
     encode_s: float
-    #: CPU seconds, and seconds waiting for a core, charged to this batch
-    #: (read every few milliseconds, so each batch that reads them is
-    #: charged the time since the previous reading; the totals are exact).
+    #: The loading thread's CPU seconds, and seconds runnable but waiting
+    #: for a core, within this batch's loading (cpu.ThreadClock); NaN when
+    #: the batch was not measured (batches shorter than a millisecond are
+    #: sampled) or the system does not report the figure.
     cpu_s: float
     cpu_wait_s: float
 

@@ -66,9 +66,6 @@ _MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
 #: How often a worker checks that its parent is alive. Short enough that
 #: workers of a killed main process are gone well within a second.
 _PARENT_POLL_S = 0.1
-#: How often a worker reads its CPU and run-queue times (each reading is a
-#: system call; the batch that reads is charged the time since the last).
-_CPU_EVERY_S = 0.01
 #: The exit code of a worker interrupted by KeyboardInterrupt (as a shell reports SIGINT).
 _INTERRUPTED_EXIT_CODE = 128 + 2
 
@@ -284,7 +281,6 @@ class Serving:
         self._epoch_id: Optional[int] = None
         self._noted = False
         self._cpu = ThreadClock()
-        self._cpu_due = 0.0
 
     def serve(self, task: Task, writer: Optional[SlotWriter]) -> bytes:
         """The task's result, pickled: a Batch (arrays in the slot when there
@@ -308,12 +304,10 @@ class Serving:
         self._cpu.close()
 
     def _times(self, clock: StageClock) -> bytes:
-        """The batch's LoadTimes, packed; its stages ended when ``clock`` says, and encoding now."""
+        """The batch's LoadTimes, packed; its stages ended when ``clock`` says,
+        and encoding now (the CPU figures are read first, inside the span)."""
+        cpu_s, cpu_wait_s = self._cpu.end()
         now = perf_counter()
-        cpu_s = cpu_wait_s = 0.0
-        if now >= self._cpu_due:
-            cpu_s, cpu_wait_s = self._cpu.used()
-            self._cpu_due = now + _CPU_EVERY_S
         started_at, fetched_at, collated_at = clock.started_at, clock.fetched_at, clock.collated_at
         return pack_load_times(
             clock.samples, started_at, fetched_at - started_at, collated_at - fetched_at, now - collated_at, cpu_s, cpu_wait_s
@@ -338,6 +332,8 @@ class Serving:
             if writer is not None:
                 writer.begin()
             clock = StageClock() if config.timed else None
+            if clock is not None:
+                self._cpu.begin(clock.started_at)
             allocate = _allocator(config.fetch, task, writer)
             data = fetch_seeded(fetcher, task.indices, task.seed, allocate, clock, not config.in_thread)
             used = size = 0

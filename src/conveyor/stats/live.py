@@ -16,7 +16,7 @@ import time
 from time import perf_counter
 from typing import Any, Callable, Optional, TextIO, Union
 
-from .report import STAGES, LoaderStats, Mark
+from .report import STAGES, LoaderStats, Mark, fractions, share_of
 
 #: How often the bar's numbers are brought up to date.
 BAR_EVERY_S = 0.5
@@ -66,7 +66,8 @@ class ProgressBar:
     def _bring_up_to_date(self, recorder: Any) -> None:
         mark = recorder.mark()
         self._bar.n = mark.batches - self._batches_before
-        self._bar.set_postfix_str(_postfix(mark, self._last, recorder.num_workers), refresh=False)
+        recent = recorder.interval(mark, self._last) if self._last is not None else mark
+        self._bar.set_postfix_str(_postfix(recent, recorder.num_workers), refresh=False)
         self._last = mark
 
     def end_pass(self, recorder: Any) -> None:
@@ -81,15 +82,16 @@ class ProgressBar:
         self._due = float("inf")
 
 
-def _postfix(mark: Mark, last: Optional[Mark], num_workers: int) -> str:
-    recent = mark.minus(last) if last is not None else mark
+def _postfix(recent: Mark, num_workers: int) -> str:
+    """The bar's figures over ``recent`` (the interval since the last update):
+    the same shares as LoaderStats' ``data_wait_fraction`` and ``workers_busy_fraction``."""
     wall = recent.wall_s
     if wall <= 0:
         return ""
-    wait = recent.stage_totals[STAGES.index("wait")]
-    text = f"{recent.samples / wall:,.0f} samples/s, data wait {min(1.0, wait / wall):.0%}"
-    busy = recent.busy_s / (max(1, num_workers) * wall)
-    text += f", {'workers' if num_workers else 'loading'} busy {min(1.0, busy):.0%}"
+    wait = share_of(recent.stage_totals[STAGES.index("wait")], wall) or 0.0
+    text = f"{recent.samples / wall:,.0f} samples/s, data wait {wait:.0%}"
+    busy = fractions(recent, num_workers).workers_busy or 0.0
+    text += f", {'workers' if num_workers else 'loading'} busy {busy:.0%}"
     return text
 
 

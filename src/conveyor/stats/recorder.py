@@ -12,6 +12,12 @@ Totals are exact for the whole life of the
 loader; percentiles are over the most recent ``WINDOW`` to ``2 × WINDOW``
 batches (older values are folded into the totals), so memory stays bounded
 on runs of any length.
+
+Loading time counts toward "workers busy" only inside the passes (a
+batch's loading span is cut at its pass's ``iter()``), and an interval
+(``stats(since=...)``, the bar's half second) leaves out the part of its
+batches' spans that lay before it began: a batch loaded ahead and
+delivered later is busy time of when it was loaded (loading.py).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import numpy as np
 
 from .._engine.executor import DeliveryTimes
 from .._engine.messages import LoadTimes
+from .loading import LoadingTotals
+from .machine import CoreClock
 from .report import STAGES, LoaderStats, Mark, StageStats
 
 #: Percentiles are computed over at least this many of the latest batches.
@@ -76,10 +84,13 @@ class StatsRecorder:
         self.samples = 0
         self.errors = 0
         self.passes = 0
-        #: Seconds the loaders (workers, or the main process) spent loading, and their CPU seconds.
-        self._busy_s = 0.0
-        self._cpu_s = 0.0
-        self._cpu_wait_s = 0.0
+        #: The loaders' (workers', or the main process's) own figures.
+        self._loading = LoadingTotals()
+        #: When the latest pass began (loading before it is not this pass's).
+        self._floor = float("-inf")
+        #: The workers' pids seen so far, and who used the cores during passes.
+        self._worker_pids: set[int] = set()
+        self._cores = CoreClock()
         #: Waits of the loop that belong to no batch (starting workers in iter(),
         #: the last next(), batches that raised), and such compute time.
         self._extra_wait_s = 0.0
@@ -122,9 +133,11 @@ class StatsRecorder:
         iterator is ready now. The time in between (starting workers, say)
         is time the loop waited for data. Returns the pass's id, which the
         other calls take."""
-        now = perf_counter()
         with self._lock:
             self._close_pass()
+            self._cores.begin(self._worker_pids)
+            now = perf_counter()
+            self._floor = started_at
             self.num_workers = num_workers
             self.passes += 1
             self._pass_id += 1
@@ -194,10 +207,8 @@ class StatsRecorder:
         loading = np.frombuffer(b"".join(parts[0]), dtype=_LOADING)
         delivery = np.frombuffer(b"".join(parts[1]), dtype=_DELIVERY)
         self.samples += int(loading["samples"].sum())
-        busy = loading["fetch_s"] + loading["collate_s"] + loading["encode_s"]
-        self._busy_s += float(busy.sum())
-        self._cpu_s += float(loading["cpu_s"].sum())
-        self._cpu_wait_s += float(loading["cpu_wait_s"].sum())
+        self._loading.add(loading, self._floor)
+        self._worker_pids.update(np.unique(delivery["worker_pid"]).tolist())
         self.slots_in_use = int(delivery["slots_in_use"][-1])
         ready = delivery["workers_ready_s"][~np.isnan(delivery["workers_ready_s"])]
         if ready.size:
@@ -242,15 +253,20 @@ class StatsRecorder:
                 listener.end_pass(self)
 
     def _close_pass(self) -> None:
+        """End the open pass (under the lock): its batches are added (cut at
+        its start, their workers known), its wall time and core use too."""
         if self._pass_started is not None:
+            self._add_pending()
             self._wall_closed_s += self._last_event - self._pass_started
             self._pass_started = None
+            self._cores.end(self._worker_pids)
 
     def _fold(self) -> None:
         """Keep the latest WINDOW values of each column; older ones go into the totals."""
         for k, column in enumerate(self._columns):
             self._folded[k] += float(np.frombuffer(column[:WINDOW], dtype=np.float64).sum())
             del column[:WINDOW]
+        self._loading.drop_oldest(WINDOW)
         self._rows_folded += WINDOW
 
     def _tick(self, now: float) -> None:
@@ -261,12 +277,28 @@ class StatsRecorder:
 
     # ----------------------------------------------------------- reading
     def mark(self) -> Mark:
-        """The running totals now, without percentiles: cheap enough for a bar."""
+        """The running totals now, without percentiles or core use: cheap enough for a bar."""
         with self._lock:
             self._add_pending()
             return self._mark_locked([float(np.frombuffer(c[:], dtype=np.float64).sum()) for c in self._columns])
 
-    def _mark_locked(self, column_sums: list[float]) -> Mark:
+    def interval(self, now: Mark, earlier: Mark) -> Mark:
+        """``now`` less ``earlier`` (two marks of this recorder, ``earlier``
+        first), the loading done before ``earlier`` left out of ``busy_s``."""
+        with self._lock:
+            return self._interval_locked(now, earlier)
+
+    def _interval_locked(self, now: Mark, earlier: Mark) -> Mark:
+        """Batches delivered after ``earlier`` may have been loaded, in part,
+        before it (ahead of the loop): that part is not the interval's. The
+        cut needs each batch's span; past ``WINDOW`` batches the oldest
+        spans are gone, and a long interval's first batches count whole."""
+        first, last = (max(0, mark.rows - self._rows_folded) for mark in (earlier, now))
+        before = self._loading.busy_before(first, last, earlier.at)
+        interval = now.minus(earlier)
+        return interval._replace(busy_s=max(0.0, interval.busy_s - before))
+
+    def _mark_locked(self, column_sums: list[float], cores: Any = None) -> Mark:
         wall_s = self._wall_closed_s
         if self._pass_started is not None:
             wall_s += self._last_event - self._pass_started
@@ -279,11 +311,16 @@ class StatsRecorder:
             samples=self.samples,
             errors=self.errors,
             wall_s=wall_s,
-            busy_s=self._busy_s,
-            cpu_s=self._cpu_s,
-            cpu_wait_s=self._cpu_wait_s,
+            at=self._last_event,
+            busy_s=self._loading.busy_s,
+            cpu_batches=self._loading.cpu_batches,
+            cpu_wait_batches=self._loading.cpu_wait_batches,
+            cpu_measured_s=self._loading.cpu_measured_s,
+            cpu_s=self._loading.cpu_s,
+            cpu_wait_s=self._loading.cpu_wait_s,
             startup_s=self._startup_s,
             stage_totals=tuple(stage_totals),
+            cores=cores,
         )
 
     def snapshot(self, since: Optional[LoaderStats] = None) -> LoaderStats:
@@ -292,8 +329,10 @@ class StatsRecorder:
         with self._lock:
             self._add_pending()
             columns = [np.frombuffer(c[:], dtype=np.float64) for c in self._columns]
-            mark = self._mark_locked([float(c.sum()) for c in columns])
+            mark = self._mark_locked([float(c.sum()) for c in columns], self._cores.totals(self._worker_pids))
             rows_folded = self._rows_folded
+            since_mark = since._mark if since is not None else None
+            interval_mark = self._interval_locked(mark, since_mark) if since_mark is not None else None
             extras = dict(
                 num_workers=self.num_workers,
                 passes=self.passes,
@@ -304,10 +343,10 @@ class StatsRecorder:
                 skipped=tuple(self._skipped),
             )
         stats = _stats_from(mark, columns, extras, self.num_workers)
-        if since is None or since._mark is None:
+        if since_mark is None:
             return stats
-        start = max(0, since._mark.rows - rows_folded)
-        interval = _stats_from(mark.minus(since._mark), [c[start:] for c in columns], extras, self.num_workers)
+        start = max(0, since_mark.rows - rows_folded)
+        interval = _stats_from(interval_mark, [c[start:] for c in columns], extras, self.num_workers)
         return stats.with_interval(interval)
 
 

@@ -1,7 +1,11 @@
-"""What a loader's stats say: the frozen :class:`LoaderStats`, its table and its verdict.
+"""What a loader's stats say: the frozen :class:`LoaderStats` and its shares.
 
-    StatsRecorder.snapshot() ──▶ LoaderStats ──to_dict()──▶ JSON
-                                             ──summary()──▶ table + Verdict (verdict.py)
+    StatsRecorder.snapshot() ──Mark (raw totals)──▶ LoaderStats ──to_dict()──▶ JSON (shares and the raw totals)
+                                                               ──summary(), str()──▶ table + verdict (table.py, verdict.py)
+                                                               ──_repr_html_()──▶ the same, in a notebook
+
+Every share is one raw total over another (``fractions``), so it lies in
+[0, 1], and the shares that split one whole add up to it.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional, TextIO
+
+from .machine import CoreUse
 
 if TYPE_CHECKING:
     from .verdict import Verdict
@@ -46,42 +52,86 @@ class StageStats:
 
 
 class Mark(NamedTuple):
-    """Running totals at one moment; two marks subtract into an interval."""
+    """Running totals at one moment; two marks subtract into an interval
+    (``StatsRecorder.interval`` also cuts ``busy_s``)."""
 
     rows: int
     batches: int
     samples: int
     errors: int
+    #: Seconds inside passes, and when the latest of them ended (a perf_counter reading).
     wall_s: float
+    at: float
+    #: Seconds the loaders spent loading inside passes (fetch, collate, encode).
     busy_s: float
+    #: Batches whose CPU figures were measured (and of those, whose wait for
+    #: a core was), their loading seconds, and within those the seconds on
+    #: a CPU and waiting for a core.
+    cpu_batches: int
+    cpu_wait_batches: int
+    cpu_measured_s: float
     cpu_s: float
     cpu_wait_s: float
     startup_s: float
     stage_totals: tuple
+    #: Who used the cores during passes (machine.py); None: not read, or not measured here.
+    cores: Optional[CoreUse] = None
 
     def minus(self, earlier: "Mark") -> "Mark":
-        return Mark(
-            self.rows - earlier.rows,
-            self.batches - earlier.batches,
-            self.samples - earlier.samples,
-            self.errors - earlier.errors,
-            self.wall_s - earlier.wall_s,
-            self.busy_s - earlier.busy_s,
-            self.cpu_s - earlier.cpu_s,
-            self.cpu_wait_s - earlier.cpu_wait_s,
-            self.startup_s - earlier.startup_s,
-            tuple(a - b for a, b in zip(self.stage_totals, earlier.stage_totals)),
-        )
+        """The totals since ``earlier`` (``at`` stays this mark's)."""
+        values = {
+            name: mine - theirs
+            for name, mine, theirs in zip(self._fields, self, earlier)
+            if name not in ("at", "stage_totals", "cores")
+        }
+        cores = None
+        if self.cores is not None and earlier.cores is not None:
+            cores = self.cores.minus(earlier.cores)
+        stages = tuple(a - b for a, b in zip(self.stage_totals, earlier.stage_totals))
+        return Mark(**values, at=self.at, stage_totals=stages, cores=cores)
 
 
-def _ratio(part: float, whole: float) -> Optional[float]:
-    return part / whole if whole > 0 else None
+def share_of(part: float, whole: float) -> Optional[float]:
+    """``part / whole`` kept within [0, 1]; None when the whole is empty.
+    The raw totals keep each part within its whole; the cut only guards
+    float rounding."""
+    if not whole > 0:
+        return None
+    return min(1.0, max(0.0, part / whole))
 
 
-def _clip(fraction: Optional[float]) -> Optional[float]:
-    """A share of loading time, kept within [0, 1] (CPU figures are read
-    every few milliseconds, so a short run's totals can overshoot a little)."""
-    return None if fraction is None else min(1.0, max(0.0, fraction))
+class Fractions(NamedTuple):
+    """The shares a Mark gives (None: not measured, or nothing to share)."""
+
+    workers_busy: Optional[float]
+    loading_cpu: Optional[float]
+    loading_cpu_wait: Optional[float]
+    loading_off_cpu: Optional[float]
+    cores_job: Optional[float]
+    cores_others: Optional[float]
+    cores_idle: Optional[float]
+
+
+def fractions(mark: Mark, num_workers: int) -> Fractions:
+    """The shares of ``mark``'s raw totals; each split adds up to its whole:
+
+    * workers busy: loading seconds / (loaders × wall seconds);
+    * loading time of the measured batches = on a CPU + waiting for a core
+      + waiting on something else (the rest);
+    * the usable cores' capacity = this job + other processes + idle."""
+    busy = share_of(mark.busy_s, max(1, num_workers) * mark.wall_s)
+    cpu = share_of(mark.cpu_s, mark.cpu_measured_s) if mark.cpu_batches else None
+    cpu_wait = off_cpu = None
+    if cpu is not None and mark.cpu_wait_batches:
+        cpu_wait = min(share_of(mark.cpu_wait_s, mark.cpu_measured_s) or 0.0, 1.0 - cpu)
+        off_cpu = max(0.0, 1.0 - cpu - cpu_wait)
+    job = others = idle = None
+    cores = mark.cores
+    if cores is not None and cores.capacity_s > 0:
+        job = share_of(cores.job_s, cores.capacity_s)
+        others = min(share_of(cores.busy_s - cores.job_s, cores.capacity_s) or 0.0, 1.0 - job)
+        idle = max(0.0, 1.0 - job - others)
+    return Fractions(busy, cpu, cpu_wait, off_cpu, job, others, idle)
 
 
 @dataclass(frozen=True)
@@ -118,12 +168,14 @@ class LoaderStats:
     startup_s: float
     #: ``data_wait_fraction`` once running: start-up (``startup_s``) left out of both sides.
     steady_wait_fraction: float
-    #: Share of the workers' time spent loading (fetch, collate, encode);
-    #: with ``num_workers=0``, the share of wall time the main process spent loading.
+    #: Share of the workers' time spent loading (fetch, collate, encode):
+    #: their loading seconds inside passes / (workers × ``wall_s``); with
+    #: ``num_workers=0``, the share of wall time the main process spent loading.
     workers_busy_fraction: Optional[float]
-    #: Share of the loading time (fetch, collate, encode) spent on a CPU, and
-    #: spent ready to run but waiting for a free core (Linux; 0 elsewhere).
-    #: The rest it waited on something else: storage, the network, a lock.
+    #: The loading time of the measured batches (``cpu_measured_batches``)
+    #: splits three ways: on a CPU, ready to run but waiting for a free core,
+    #: and waiting on something else (storage, the network, a lock, a sleep).
+    #: Measured by each loading thread (docs/stats.md); None: not measured.
     loading_cpu_fraction: Optional[float]
     loading_cpu_wait_fraction: Optional[float]
     num_workers: int
@@ -135,13 +187,26 @@ class LoaderStats:
     #: Samples left out by skip_bad_samples since the loader was made
     #: (skips.SkippedSample: index, batch, worker, error), in order.
     skipped: tuple = ()
+    #: The third part of the loading time (see ``loading_cpu_fraction``).
+    loading_off_cpu_fraction: Optional[float] = None
+    #: Batches the three loading shares cover (every batch longer than a
+    #: millisecond; shorter ones are sampled).
+    cpu_measured_batches: int = 0
+    #: The usable cores' capacity during passes splits three ways: this job
+    #: (the main process, its reaped children, the workers), every other
+    #: process on the machine, and idle (Linux; None elsewhere).
+    cores: Optional[int] = None
+    cores_job_fraction: Optional[float] = None
+    cores_others_fraction: Optional[float] = None
+    cores_idle_fraction: Optional[float] = None
     interval: Optional["LoaderStats"] = None
     _mark: Optional[Mark] = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_mark(cls, mark: Mark, stages: Mapping[str, StageStats], *, num_workers: int, **extras: Any) -> "LoaderStats":
         wall = mark.wall_s
-        loaders = max(1, num_workers)
+        wait = stages["wait"].total_s
+        shares = fractions(mark, num_workers)
         return cls(
             batches=mark.batches,
             samples=mark.samples,
@@ -149,12 +214,18 @@ class LoaderStats:
             wall_s=wall,
             samples_per_s=mark.samples / wall if wall > 0 else 0.0,
             batches_per_s=mark.batches / wall if wall > 0 else 0.0,
-            data_wait_fraction=min(1.0, _ratio(stages["wait"].total_s, wall) or 0.0),
+            data_wait_fraction=share_of(wait, wall) or 0.0,
             startup_s=mark.startup_s,
-            steady_wait_fraction=min(1.0, max(0.0, _ratio(stages["wait"].total_s - mark.startup_s, wall - mark.startup_s) or 0.0)),
-            workers_busy_fraction=_ratio(mark.busy_s, loaders * wall),
-            loading_cpu_fraction=_clip(_ratio(mark.cpu_s, mark.busy_s)),
-            loading_cpu_wait_fraction=_clip(_ratio(mark.cpu_wait_s, mark.busy_s)),
+            steady_wait_fraction=share_of(wait - mark.startup_s, wall - mark.startup_s) or 0.0,
+            workers_busy_fraction=shares.workers_busy,
+            loading_cpu_fraction=shares.loading_cpu,
+            loading_cpu_wait_fraction=shares.loading_cpu_wait,
+            loading_off_cpu_fraction=shares.loading_off_cpu,
+            cpu_measured_batches=mark.cpu_batches,
+            cores=_cores_read(mark),
+            cores_job_fraction=shares.cores_job,
+            cores_others_fraction=shares.cores_others,
+            cores_idle_fraction=shares.cores_idle,
             num_workers=num_workers,
             stages=stages,
             _mark=mark,
@@ -167,11 +238,12 @@ class LoaderStats:
     def stage_share(self, name: str) -> float:
         """The stage's share of the loading time (``LOADING_STAGES``)."""
         loading = sum(self.stages[s].total_s for s in LOADING_STAGES)
-        return self.stages[name].total_s / loading if loading > 0 else 0.0
+        return share_of(self.stages[name].total_s, loading) or 0.0
 
     def to_dict(self) -> dict:
         """Plain values only (``json.dumps`` takes it); ``stages`` maps each
-        stage to ``{"total_s", "p50_s", "p90_s", "p99_s"}``."""
+        stage to ``{"total_s", "p50_s", "p90_s", "p99_s"}``; ``raw`` holds
+        the totals every share is made of (docs/stats.md says which)."""
         out = {
             "batches": self.batches,
             "samples": self.samples,
@@ -188,12 +260,20 @@ class LoaderStats:
             "workers_busy_fraction": self.workers_busy_fraction,
             "loading_cpu_fraction": self.loading_cpu_fraction,
             "loading_cpu_wait_fraction": self.loading_cpu_wait_fraction,
+            "loading_off_cpu_fraction": self.loading_off_cpu_fraction,
+            "cpu_measured_batches": self.cpu_measured_batches,
+            "cores": self.cores,
+            "cores_job_fraction": self.cores_job_fraction,
+            "cores_others_fraction": self.cores_others_fraction,
+            "cores_idle_fraction": self.cores_idle_fraction,
             "num_workers": self.num_workers,
             "slots_in_use": self.slots_in_use,
             "passes": self.passes,
             "stages": {name: stage.to_dict() for name, stage in self.stages.items()},
             "skipped": [record.to_dict() for record in self.skipped],
         }
+        if self._mark is not None:
+            out["raw"] = _raw(self._mark)
         if self.interval is not None:
             out["interval"] = self.interval.to_dict()
         return out
@@ -206,46 +286,55 @@ class LoaderStats:
 
     def table(self) -> str:
         """The stats as a short table (the first part of :meth:`summary`)."""
-        return _table(self)
+        from .table import text_table
 
-    def summary(self, file: Optional[TextIO] = None, cores: Optional[int] = None) -> "Verdict":
-        """Print the table and the verdict (to ``file``, default stdout); return the verdict."""
-        verdict = self.verdict(cores)
-        print(f"{self.table()}\n{verdict}", file=file if file is not None else sys.stdout)
-        return verdict
+        return text_table(self)
+
+    def summary(self, file: Optional[TextIO] = None, cores: Optional[int] = None) -> None:
+        """Print the table and the verdict (to ``file``, default stdout).
+
+        It returns nothing, so a REPL or a notebook shows it once;
+        ``str(stats)`` is the same text, ``stats.verdict()`` the verdict as
+        an object, and in a notebook ``stats`` on its own shows them as HTML."""
+        print(self.text(cores), file=file if file is not None else sys.stdout)
+
+    def text(self, cores: Optional[int] = None) -> str:
+        """The table and the verdict, as :meth:`summary` prints them."""
+        return f"{self.table()}\n{self.verdict(cores)}"
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        """The table and the verdict as HTML (Jupyter shows it for ``loader.stats()``)."""
+        from .table import html_table
+
+        return html_table(self)
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:8.2f}"
+def _cores_read(mark: Mark) -> Optional[int]:
+    """How many cores the core-use figures cover (None: not measured)."""
+    cores = mark.cores
+    if cores is None or cores.window_s <= 0:
+        return None
+    return round(cores.capacity_s / cores.window_s)
 
 
-def _table(stats: LoaderStats) -> str:
-    first = f"{stats.first_batch_s:.2f} s" if stats.first_batch_s is not None else "-"
-    lines = [
-        f"conveyor: {stats.batches:,} batches, {stats.samples:,} samples in {stats.wall_s:.2f} s "
-        f"({stats.samples_per_s:,.0f} samples/s, {stats.batches_per_s:,.1f} batches/s); first batch {first}; "
-        f"{stats.num_workers} worker{'s' if stats.num_workers != 1 else ''}",
-        f"  {'stage':<10}{'total s':>10}{'share':>8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}",
-    ]
-    for name in STAGES:
-        stage = stats.stages[name]
-        if name in LOADING_STAGES:
-            share = f"{stats.stage_share(name):7.1%}"
-        elif name in ("wait", "compute") and stats.wall_s > 0:
-            share = f"{stage.total_s / stats.wall_s:7.1%}"
-        else:
-            share = f"{'':7}"
-        lines.append(f"  {name:<10}{stage.total_s:10.3f} {share}{_ms(stage.p50_s)} {_ms(stage.p90_s)} {_ms(stage.p99_s)}")
-    busy, cpu = stats.workers_busy_fraction, stats.loading_cpu_fraction
-    who = "workers" if stats.num_workers else "main process loading"
-    line = f"  data wait {stats.data_wait_fraction:.0%} of wall time"
-    if busy is not None:
-        line += f" · {who} busy {busy:.0%}"
-    if cpu is not None:
-        line += f" · loading on a CPU {cpu:.0%} of its time"
-        if stats.loading_cpu_wait_fraction:
-            line += f", waiting for a free core {stats.loading_cpu_wait_fraction:.0%}"
-    lines.append(line)
-    lines.append("  (shares: loading stages of the loading time; wait and compute of wall time)")
-    return "\n".join(lines)
-
+def _raw(mark: Mark) -> dict:
+    """The totals the shares are made of (docs/stats.md, "Which figure splits which whole")."""
+    raw = {
+        "loading_busy_s": mark.busy_s,
+        "cpu_measured_batches": mark.cpu_batches,
+        "cpu_wait_measured_batches": mark.cpu_wait_batches,
+        "cpu_measured_loading_s": mark.cpu_measured_s,
+        "cpu_s": mark.cpu_s,
+        "cpu_wait_s": mark.cpu_wait_s,
+    }
+    if mark.cores is not None:
+        raw.update(
+            cores_window_s=mark.cores.window_s,
+            cores_capacity_s=mark.cores.capacity_s,
+            cores_busy_s=mark.cores.busy_s,
+            cores_job_s=mark.cores.job_s,
+        )
+    return raw
