@@ -5,6 +5,7 @@ purpose. A plain module (bench/store.py imports it too).
     store = ObjectStore.start()              # moto on a free port, the proxy in front
     store.latency_s = 0.02                   # every request waits this long
     store.fail = lambda method, path, n: n % 3 == 0   # which requests get a 503
+    store.drop = lambda method, path, n: n == 2       # which answers stop halfway (the socket closed)
     Store("s3://bucket", storage_options=store.options())   # conveyor.Store through the proxy
     store.stop()
 """
@@ -18,6 +19,8 @@ import time
 from typing import Callable, Optional
 
 BUCKET = "data"
+#: The status recorded for an answer the proxy cut off halfway.
+DROPPED = "dropped"
 _UNAVAILABLE = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
     b"<Message>injected by the test</Message></Error>"
@@ -31,6 +34,8 @@ class ObjectStore:
         self.latency_s = 0.0
         #: (method, path, request number) -> whether to answer 503 instead.
         self.fail: Optional[Callable[[str, str, int], bool]] = None
+        #: (method, path, request number) -> whether to send half the answer, then close the connection.
+        self.drop: Optional[Callable[[str, str, int], bool]] = None
         self.requests: list = []  # (method, path, status)
         self._lock = threading.Lock()
 
@@ -107,6 +112,9 @@ def _handler(store: ObjectStore):
             response = connection.getresponse()
             data = response.read()
             connection.close()
+            if store.drop is not None and store.drop(self.command, self.path, number) and len(data) > 1:
+                self._cut_off(response, data)
+                return
             store.record(self.command, self.path, response.status)
             self.send_response(response.status)
             for key, value in response.getheaders():
@@ -117,6 +125,22 @@ def _handler(store: ObjectStore):
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
+
+        def _cut_off(self, response, data: bytes) -> None:
+            """Announce the whole body, send half of it, and close the socket."""
+            import socket
+
+            store.record(self.command, self.path, DROPPED)
+            self.send_response(response.status)
+            for key, value in response.getheaders():
+                if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
 
         do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
 

@@ -1,8 +1,9 @@
 """Data in an object store: loose files and shards read from a real
 S3-compatible server (moto's, started here on 127.0.0.1) through fsspec,
-with latency and failures injected by a proxy in front of it: retries with
-backoff, errors not worth retrying raised at once with their batch, a
-local cache that keeps to its size, shards prefetched."""
+with latency, failures and dropped connections injected by a proxy in
+front of it: retries with backoff, errors not worth retrying raised at once
+with their batch, a local cache that keeps to its size, shards prefetched.
+(tests/test_store_retry.py checks retries without a server.)"""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import conveyor  # noqa: E402
 from conveyor.cli import main as cli  # noqa: E402
 from conveyor.shards import ShardDataset  # noqa: E402
 from conveyor.store import Store, StoreFiles  # noqa: E402
-from object_store import BUCKET, ObjectStore  # noqa: E402
+from object_store import BUCKET, DROPPED, ObjectStore  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -42,10 +43,10 @@ def server():
 
 @pytest.fixture
 def s3(server, tmp_path):
-    server.latency_s, server.fail = 0.0, None
+    server.latency_s, server.fail, server.drop = 0.0, None, None
     server.requests.clear()
     yield server
-    server.latency_s, server.fail = 0.0, None
+    server.latency_s, server.fail, server.drop = 0.0, None, None
 
 
 def make_store(s3, tmp_path, **kwargs) -> Store:
@@ -96,6 +97,18 @@ def test_a_store_that_keeps_failing_gives_up_with_a_count(s3, tmp_path):
         store.read("one/0000.bin")
     assert "failed 3 times" in "".join(getattr(caught.value, "__notes__", []))
     assert sum(1 for m, _, status in s3.requests if m == "GET" and status == 503) >= 3
+
+
+def test_a_connection_dropped_halfway_through_an_answer_is_retried(s3, tmp_path):
+    store = make_store(s3, tmp_path)
+    data = os.urandom(300_000)
+    upload(store, {"big/one.bin": data})
+    store.fs.retries = 1  # (s3fs's own retry loop off: every retry here is conveyor's)
+    gets = []
+    s3.drop = lambda method, path, n: method == "GET" and (gets.append(path) or len(gets)) in (1, 4)
+    assert store.read("big/one.bin") == data  # (the first answer was cut off)
+    statuses = [status for method, _, status in s3.requests if method == "GET"]
+    assert statuses == [DROPPED, 200]  # (cut off, then whole)
 
 
 def pack_and_upload(store: Store, tmp_path, samples=40, per_shard=8) -> str:

@@ -1,45 +1,16 @@
-"""Data in an object store (S3 and anything else fsspec reaches): reads
-with retries, whole files in a local cache with a size limit, prefetch.
-
-    Store("s3://bucket/data", cache_bytes=20 << 30, endpoint_url=...)
-      .read(path[, start, end])  one object (or a byte range), retried with backoff
-      .fetch(path)               a local copy in the cache (least recently used ones go first)
-      .prefetch(paths)           fetch in the background (a few threads per process)
-    StoreFiles(store)            a map-style dataset: object i's bytes
-    ShardDataset("shards/", store=store)   shards in the store (shards/dataset.py)
-
-Errors worth retrying (a dropped connection, a timeout, a throttled or
-failed request: ``OSError`` other than a missing object or a refused
-permission) are retried ``retries`` times, waiting ``backoff_s`` × 2ⁿ
-(± half, so workers do not retry in step); the last error is raised with
-a note saying how many attempts were made. A ``Store`` pickles without its
-connections, and each process (each worker) makes its own on first use.
-Reads in flight per worker are bounded by ``DataLoader(reads_in_flight=)``.
-"""
+"""Store (a folder of an object store, read through fsspec) and StoreFiles
+(its objects as a map-style dataset)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import random
 import tempfile
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["Store", "StoreFiles", "worth_retrying"]
-
-#: Errors a retry will not mend.
-_FINAL = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
-
-
-def worth_retrying(error: BaseException) -> bool:
-    """A dropped connection, a timeout, a throttled or failed request: yes;
-    a missing object, a refused permission, a bug: no."""
-    return isinstance(error, (ConnectionError, TimeoutError)) or (
-        isinstance(error, OSError) and not isinstance(error, _FINAL)
-    )
+from conveyor.store._retry import retry
 
 
 class Store:
@@ -99,17 +70,10 @@ class Store:
         return f"{self.root}/{path.lstrip('/')}" if path else self.root
 
     # ------------------------------------------------------------- reading
-    def retry(self, what: str, action: Callable[[], Any]) -> Any:
-        """``action()``, again after a pause while it fails in a way worth retrying."""
-        for attempt in range(self.retries + 1):
-            try:
-                return action()
-            except Exception as error:
-                if attempt == self.retries or not worth_retrying(error):
-                    if attempt:
-                        error.add_note(f"(conveyor: {what} failed {attempt + 1} times; the last error is above)")
-                    raise
-            time.sleep(self.backoff_s * (2**attempt) * random.uniform(0.5, 1.5))
+    def retry(self, what: str, action: Callable[[], Any], progress: Optional[Callable[[], Any]] = None) -> Any:
+        """``action()``, again after a pause while it fails in a way worth
+        retrying (``progress``: see ``conveyor.store._retry.retry``)."""
+        return retry(what, action, retries=self.retries, backoff_s=self.backoff_s, progress=progress)
 
     def read(self, path: str, start: Optional[int] = None, end: Optional[int] = None) -> bytes:
         """Object ``path`` (relative to the store's folder), or its bytes ``start`` to ``end``."""

@@ -1,0 +1,27 @@
+"""Data in an object store (S3 and anything else fsspec reaches): reads
+with retries, whole files in a local cache with a size limit, prefetch.
+
+    Store("s3://bucket/data", cache_bytes=20 << 30, endpoint_url=...)
+      .read(path[, start, end])  one object (or a byte range), retried with backoff
+      .fetch(path)               a local copy in the cache (least recently used ones go first)
+      .prefetch(paths)           fetch in the background (a few threads per process)
+    StoreFiles(store)            a map-style dataset: object i's bytes
+    ShardDataset("shards/", store=store)   shards in the store (shards/dataset.py)
+
+    _retry.py     which failures are worth retrying (no import of botocore or aiohttp); the retry loop
+    _store.py     Store and StoreFiles
+
+Failures worth retrying (a dropped or refused connection, a timeout, a
+body cut short, a store that failed or is busy: see ``worth_retrying``;
+never a missing object or a refused permission) are retried ``retries``
+times in a row, waiting ``backoff_s`` × 2ⁿ (± half, so workers do not
+retry in step); the last error is raised with a note saying how many
+attempts were made. A ``Store`` pickles without its connections, and each
+process (each worker) makes its own on first use. Reads in flight per
+worker are bounded by ``DataLoader(reads_in_flight=)``.
+"""
+
+from conveyor.store._retry import worth_retrying
+from conveyor.store._store import Store, StoreFiles
+
+__all__ = ["Store", "StoreFiles", "worth_retrying"]
