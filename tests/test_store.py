@@ -2,8 +2,9 @@
 S3-compatible server (moto's, started here on 127.0.0.1) through fsspec,
 with latency, failures and dropped connections injected by a proxy in
 front of it: retries with backoff, errors not worth retrying raised at once
-with their batch, a local cache that keeps to its size, shards prefetched.
-(tests/test_store_retry.py checks retries without a server.)"""
+with their batch, a fetch that resumes, a local cache that keeps to its
+size, shards prefetched. (tests/test_store_retry.py and
+tests/test_store_cache.py check retries and fetching without a server.)"""
 
 from __future__ import annotations
 
@@ -99,16 +100,19 @@ def test_a_store_that_keeps_failing_gives_up_with_a_count(s3, tmp_path):
     assert sum(1 for m, _, status in s3.requests if m == "GET" and status == 503) >= 3
 
 
-def test_a_connection_dropped_halfway_through_an_answer_is_retried(s3, tmp_path):
-    store = make_store(s3, tmp_path)
+def test_a_connection_dropped_halfway_through_an_answer_is_retried_and_a_fetch_resumes(s3, tmp_path):
+    store = make_store(s3, tmp_path, chunk_bytes=64 << 10)
     data = os.urandom(300_000)
     upload(store, {"big/one.bin": data})
     store.fs.retries = 1  # (s3fs's own retry loop off: every retry here is conveyor's)
     gets = []
     s3.drop = lambda method, path, n: method == "GET" and (gets.append(path) or len(gets)) in (1, 4)
     assert store.read("big/one.bin") == data  # (the first answer was cut off)
+    with open(store.fetch("big/one.bin"), "rb") as f:  # (64 KB ranged reads; the third was cut off)
+        assert f.read() == data
     statuses = [status for method, _, status in s3.requests if method == "GET"]
-    assert statuses == [DROPPED, 200]  # (cut off, then whole)
+    # The read: cut off, then whole. The fetch: five ranged reads (206), the second cut off and asked again.
+    assert statuses == [DROPPED, 200, 206, DROPPED, 206, 206, 206, 206]
 
 
 def pack_and_upload(store: Store, tmp_path, samples=40, per_shard=8) -> str:

@@ -2,7 +2,9 @@
 a timeout, a body cut short, a busy store — as the HTTP stacks under fsspec
 raise it (botocore's, aiohttp's and fsspec's own classes, raised here by a
 file system that fails on purpose), and never a missing object or a refused
-permission."""
+permission. A fetch that loses its connection resumes where it stopped, or
+starts over when the object changed meanwhile, and leaves nothing behind
+when it gives up."""
 
 from __future__ import annotations
 
@@ -102,6 +104,58 @@ def test_a_missing_object_a_refused_permission_or_a_bug_is_raised_at_once(tmp_pa
     with pytest.raises(type(make())):
         store.read("a.bin")
     assert len(calls("cat_file")) == 1
+
+
+def test_a_fetch_resumes_where_the_connection_dropped(tmp_path):
+    store = flaky_store(tmp_path, chunk_bytes=1000)
+    FlakyFS.reset(faults={"read": [None, None, None, RETRIED["ConnectionClosedError"]()]})
+    local = store.fetch("a.bin")
+    with open(local, "rb") as f:
+        assert f.read() == DATA
+    offsets = [offset for _, offset, _ in calls("read")]
+    assert offsets[:6] == [0, 1000, 2000, 3000, 3000, 4000]  # (the read at 3000 failed; the next one resumed there)
+    assert len(calls("open")) == 2
+    assert not [name for name in os.listdir(tmp_path / "cache") if name.endswith(".part")]
+
+
+def test_a_failure_after_progress_starts_the_count_again(tmp_path):
+    store = flaky_store(tmp_path, chunk_bytes=1000, retries=1)
+    drop = RETRIED["ServerDisconnectedError"]
+    FlakyFS.reset(faults={"read": [None, drop(), None, drop(), None, drop(), None, drop()]})
+    with open(store.fetch("a.bin"), "rb") as f:
+        assert f.read() == DATA
+
+
+def test_an_object_that_changed_while_it_was_fetched_is_fetched_again_whole(tmp_path):
+    store = flaky_store(tmp_path, chunk_bytes=1000)
+    newer = b"the newer version " * 300
+
+    def replace_and_drop():
+        (tmp_path / "data" / "a.bin").write_bytes(newer)
+        return RETRIED["ClientPayloadError"]()
+
+    FlakyFS.reset(faults={"read": [None, None, replace_and_drop]})
+    with open(store.fetch("a.bin"), "rb") as f:
+        assert f.read() == newer
+    offsets = [offset for _, offset, _ in calls("read")]
+    assert offsets[:4] == [0, 1000, 2000, 0]  # (the bytes of the older version were dropped)
+
+
+def test_a_fetch_that_keeps_failing_gives_up_and_leaves_nothing(tmp_path):
+    store = flaky_store(tmp_path, chunk_bytes=1000, retries=2)
+    FlakyFS.reset(faults={"read": [None] + [RETRIED["EndpointConnectionError"]() for _ in range(5)]})
+    with pytest.raises(botocore.EndpointConnectionError) as caught:
+        store.fetch("a.bin")
+    assert "failed 3 times" in "".join(caught.value.__notes__)  # (the first after a chunk, then 2 retries)
+    assert os.listdir(tmp_path / "cache") == []
+
+
+def test_a_missing_object_is_not_fetched_twice(tmp_path):
+    store = flaky_store(tmp_path)
+    FlakyFS.reset()
+    with pytest.raises(FileNotFoundError):
+        store.fetch("missing.bin")
+    assert len(calls("info")) == 1 and not calls("open")
 
 
 @pytest.mark.timeout(60)

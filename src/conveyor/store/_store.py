@@ -10,6 +10,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
+from conveyor.store._download import copy_object
 from conveyor.store._retry import retry
 
 
@@ -18,7 +19,8 @@ class Store:
     fsspec s3fs`` for S3). ``storage_options`` (a dict) and any other
     keyword go to the filesystem (for s3fs: ``key``, ``secret``, ``anon``,
     ``client_kwargs={"endpoint_url": ...}``, and ``config_kwargs={"retries":
-    {"max_attempts": 1}}`` to leave retrying to the Store)."""
+    {"max_attempts": 1}}`` to leave retrying to the Store). ``fetch``
+    streams an object into the cache ``chunk_bytes`` at a time."""
 
     def __init__(
         self,
@@ -29,18 +31,21 @@ class Store:
         retries: int = 5,
         backoff_s: float = 0.05,
         prefetch_threads: int = 2,
+        chunk_bytes: int = 8 << 20,
         storage_options: Optional[dict] = None,
         **options: Any,
     ):
         import fsspec
 
+        if chunk_bytes < 1:
+            raise ValueError(f"Store(chunk_bytes={chunk_bytes}): give a positive number of bytes, e.g. 8 << 20")
         self.protocol, self.root = fsspec.core.split_protocol(url)
         self.protocol = self.protocol or "file"
         self.root = self.root.rstrip("/")
         self.storage_options = {**(storage_options or {}), **options}
         self.cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "conveyor-store-cache")
         self.cache_bytes, self.retries, self.backoff_s = cache_bytes, retries, backoff_s
-        self.prefetch_threads = prefetch_threads
+        self.prefetch_threads, self.chunk_bytes = prefetch_threads, chunk_bytes
         self._local: dict = {}
 
     def __getstate__(self) -> dict:
@@ -104,11 +109,21 @@ class Store:
             os.utime(local)  # (recently used: evicted last)
             return local
         os.makedirs(self.cache_dir, exist_ok=True)
-        data = self.read(path)
+        url = self.url(path)
+        source = f"{self.protocol}://{url}"
+        info = self.retry(f"looking up {source}", lambda: self.fs.info(url))
         partial = f"{local}.{os.getpid()}.{threading.get_ident()}.part"
-        with open(partial, "wb") as f:
-            f.write(data)
-        os.replace(partial, local)
+
+        def retrying(attempt: Callable[[], None], progress: Callable[[], int]) -> None:
+            self.retry(f"fetching {source}", attempt, progress)
+
+        try:
+            with open(partial, "wb") as f:
+                copy_object(self.fs, url, f, info, chunk_bytes=self.chunk_bytes, retry=retrying)
+            os.replace(partial, local)
+        finally:
+            if os.path.exists(partial):  # (a download that failed leaves nothing)
+                os.unlink(partial)
         self._evict(keep=local)
         return local
 
