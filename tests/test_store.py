@@ -4,7 +4,7 @@ with latency, failures and dropped connections injected by a proxy in
 front of it: retries with backoff, errors not worth retrying raised at once
 with their batch, a fetch that resumes, a local cache that keeps to its
 size, shards prefetched. (tests/test_store_retry.py and
-tests/test_store_cache.py check retries and fetching without a server.)"""
+tests/test_store_cache.py check retries and the cache without a server.)"""
 
 from __future__ import annotations
 

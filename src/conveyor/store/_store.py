@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, BinaryIO, Callable, Optional, Sequence
 
-from conveyor.store._download import copy_object
+from conveyor.store._cache import Cache, default_cache_dir, make_private
+from conveyor.store._download import Copied, copy_object
 from conveyor.store._retry import retry
+
+#: What ``verify_cached`` may be: how a cached copy this process did not write is checked before use.
+_VERIFY = ("hash", "size")
 
 
 class Store:
@@ -19,8 +21,15 @@ class Store:
     fsspec s3fs`` for S3). ``storage_options`` (a dict) and any other
     keyword go to the filesystem (for s3fs: ``key``, ``secret``, ``anon``,
     ``client_kwargs={"endpoint_url": ...}``, and ``config_kwargs={"retries":
-    {"max_attempts": 1}}`` to leave retrying to the Store). ``fetch``
-    streams an object into the cache ``chunk_bytes`` at a time."""
+    {"max_attempts": 1}}`` to leave retrying to the Store).
+
+    ``retries`` failures in a row worth retrying (see ``worth_retrying``)
+    are retried, after ``backoff_s`` × 2ⁿ. ``fetch`` keeps whole objects in
+    ``cache_dir`` (default: a folder of your own in the temporary folder),
+    which must be private to you, within ``cache_bytes``; it streams each
+    ``chunk_bytes`` at a time. ``verify_cached="hash"`` reads a cached copy
+    whole to check its SHA-256 the first time a process uses one it did not
+    fetch; ``"size"`` checks its size, inode and record only."""
 
     def __init__(
         self,
@@ -32,20 +41,25 @@ class Store:
         backoff_s: float = 0.05,
         prefetch_threads: int = 2,
         chunk_bytes: int = 8 << 20,
+        verify_cached: str = "hash",
         storage_options: Optional[dict] = None,
         **options: Any,
     ):
         import fsspec
 
+        if verify_cached not in _VERIFY:
+            raise ValueError(f"Store(verify_cached={verify_cached!r}): give one of {', '.join(map(repr, _VERIFY))}")
         if chunk_bytes < 1:
             raise ValueError(f"Store(chunk_bytes={chunk_bytes}): give a positive number of bytes, e.g. 8 << 20")
         self.protocol, self.root = fsspec.core.split_protocol(url)
         self.protocol = self.protocol or "file"
         self.root = self.root.rstrip("/")
         self.storage_options = {**(storage_options or {}), **options}
-        self.cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "conveyor-store-cache")
+        self.cache_dir = os.path.abspath(cache_dir) if cache_dir else default_cache_dir()
+        if os.path.lexists(self.cache_dir):
+            make_private(self.cache_dir)  # (a folder others may write is refused here, not in a worker)
         self.cache_bytes, self.retries, self.backoff_s = cache_bytes, retries, backoff_s
-        self.prefetch_threads, self.chunk_bytes = prefetch_threads, chunk_bytes
+        self.prefetch_threads, self.chunk_bytes, self.verify_cached = prefetch_threads, chunk_bytes, verify_cached
         self._local: dict = {}
 
     def __getstate__(self) -> dict:
@@ -54,13 +68,14 @@ class Store:
         return state
 
     def _here(self) -> dict:
-        """This process's filesystem, prefetch pool and lock (made on first use; anew after a fork)."""
+        """This process's filesystem, cache, prefetch pool and lock (made on first use; anew after a fork)."""
         if self._local.get("pid") != os.getpid():
             import fsspec
 
             self._local = {
                 "pid": os.getpid(),
                 "fs": fsspec.filesystem(self.protocol, skip_instance_cache=True, **self.storage_options),
+                "cache": None,
                 "pool": None,
                 "lock": threading.Lock(),
                 "pending": {},
@@ -94,8 +109,9 @@ class Store:
 
     # --------------------------------------------------------------- cache
     def fetch(self, path: str) -> str:
-        """A local copy of object ``path`` in the cache (made if missing;
-        a copy being fetched in the background is waited for)."""
+        """A local copy of object ``path`` in the cache, checked against its
+        record (fetched if missing or if it disagrees; a copy being fetched
+        in the background is waited for)."""
         here = self._here()
         with here["lock"]:
             pending = here["pending"].get(path)
@@ -103,29 +119,29 @@ class Store:
             pending.result()
         return self._download(path)
 
+    def _cache(self) -> Cache:
+        here = self._here()
+        with here["lock"]:
+            if here["cache"] is None:
+                here["cache"] = Cache(self.cache_dir, self.cache_bytes, self.verify_cached)
+            return here["cache"]
+
     def _download(self, path: str) -> str:
-        local = self._cached(path)
-        if os.path.exists(local):
-            os.utime(local)  # (recently used: evicted last)
-            return local
-        os.makedirs(self.cache_dir, exist_ok=True)
-        url = self.url(path)
+        cache, url = self._cache(), self.url(path)
         source = f"{self.protocol}://{url}"
+        found = cache.lookup(source)
+        if found is not None:
+            return found
         info = self.retry(f"looking up {source}", lambda: self.fs.info(url))
-        partial = f"{local}.{os.getpid()}.{threading.get_ident()}.part"
+        cache.evict(incoming_bytes=int(info.get("size") or 0))  # (room first, so the download fits too)
 
-        def retrying(attempt: Callable[[], None], progress: Callable[[], int]) -> None:
-            self.retry(f"fetching {source}", attempt, progress)
+        def fill(into: BinaryIO) -> Copied:
+            def retrying(attempt: Callable[[], None], progress: Callable[[], int]) -> None:
+                self.retry(f"fetching {source}", attempt, progress)
 
-        try:
-            with open(partial, "wb") as f:
-                copy_object(self.fs, url, f, info, chunk_bytes=self.chunk_bytes, retry=retrying)
-            os.replace(partial, local)
-        finally:
-            if os.path.exists(partial):  # (a download that failed leaves nothing)
-                os.unlink(partial)
-        self._evict(keep=local)
-        return local
+            return copy_object(self.fs, url, into, info, chunk_bytes=self.chunk_bytes, retry=retrying)
+
+        return cache.add(source, fill)
 
     def prefetch(self, paths: Sequence[str]) -> None:
         """Start fetching ``paths`` in the background (at most ``prefetch_threads`` at once)."""
@@ -134,7 +150,7 @@ class Store:
             if here["pool"] is None:
                 here["pool"] = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="conveyor-prefetch")
             for path in paths:
-                if path not in here["pending"] and not os.path.exists(self._cached(path)):
+                if path not in here["pending"]:
                     here["pending"][path] = here["pool"].submit(self.fetch_quietly, path)
 
     def fetch_quietly(self, path: str) -> None:
@@ -153,33 +169,6 @@ class Store:
         if pool is not None:
             pool.shutdown(wait=True)
             self._local["pool"] = None
-
-    def _cached(self, path: str) -> str:
-        name = hashlib.sha1(f"{self.protocol}://{self.url(path)}".encode()).hexdigest()[:16]
-        return os.path.join(self.cache_dir, f"{name}-{os.path.basename(path)}")
-
-    def _evict(self, keep: str) -> None:
-        """Remove the least recently used copies until the cache fits ``cache_bytes``."""
-        entries = []
-        for name in os.listdir(self.cache_dir):
-            full = os.path.join(self.cache_dir, name)
-            if name.endswith(".part"):
-                continue
-            try:
-                stat = os.stat(full)
-            except FileNotFoundError:
-                continue
-            entries.append((stat.st_mtime, stat.st_size, full))
-        total = sum(size for _, size, _ in entries)
-        for _, size, full in sorted(entries):
-            if total <= self.cache_bytes:
-                break
-            if full != keep:
-                try:
-                    os.unlink(full)
-                    total -= size
-                except FileNotFoundError:
-                    pass
 
     def __repr__(self) -> str:
         return f"Store({self.protocol}://{self.root})"
