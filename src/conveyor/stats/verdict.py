@@ -5,32 +5,44 @@ stage, and the change most likely to help, with the number that shows why.
 
 The rules, in order (each names its evidence):
 
-1. No batches yet: nothing to say.
+1. No batches yet, or too few to judge (under ``MIN_BATCHES`` batches or
+   ``MIN_STEADY_S`` seconds once running): say so, and nothing else.
 2. Once running (start-up, the wait for each pass's first batch, left
    out), the loop waited for data less than ``INPUT_BOUND_WAIT`` of the
    time: compute-bound; a faster loader would not speed the run up (and
    idle workers could be fewer).
 3. Otherwise input-bound, and the advice follows the evidence:
    no workers → use workers; a main-process stage is the slowest (sampler,
-   transport, pin) → fix that stage; loading waits for a free core → the
-   cores are taken, make loading cheaper or the training process lighter;
+   transport, pin) → fix that stage; loading waits for a free core → name
+   who takes the cores (other processes, this job, or a CPU quota when
+   cores sit idle) and what would help;
    loading mostly waits on something else (storage, network) → more
    workers than cores (threads), concurrent reads, packed shards; workers
    saturated → more workers if cores are free, else make the slowest stage
    cheaper; workers idle while the loop waits → more batches in flight.
+
+Waiting for a free core names who takes the cores: other processes on the
+machine (``cores_others_fraction``) or this job itself. Advice names torch
+settings only when torch is imported in this process.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from .._engine.cpu import usable_cores
-from .report import LOADING_STAGES
+from .report import LOADING_STAGES, share_of
+from .table import NOT_MEASURED
 
 if TYPE_CHECKING:
     from .report import LoaderStats
 
+#: Fewer batches than this, or fewer seconds once running, are too little to
+#: judge: start-up and the first batches' jitter would decide the verdict.
+MIN_BATCHES = 20
+MIN_STEADY_S = 0.5
 #: The loop waiting for data at least this share of wall time is input-bound.
 INPUT_BOUND_WAIT = 0.10
 #: Workers busy at least this share of their time have no room left.
@@ -41,6 +53,12 @@ WAITING_OFF_CPU = 0.50
 #: Loading that waits for a free core at least this share of its time
 #: runs on a machine whose cores are all taken.
 CONTENDED_CPU = 0.25
+#: Other processes using at least this share of the usable cores take them
+#: from the loader (cores_others_fraction).
+OTHERS_TAKE_CORES = 0.25
+#: Cores idle at least this share of the time while the loaders waited for
+#: one point at a limit other than busy cores (a CPU quota).
+IDLE_WHILE_WAITING = 0.25
 #: Workers busy less than this share of the time in a compute-bound run are more than needed.
 IDLE_BUSY = 0.30
 #: Start-up taking at least this share of wall time is worth a remark of its own.
@@ -51,7 +69,7 @@ STARTUP_SHARE = 0.20
 class Verdict:
     """What the stats say, in words a person can act on."""
 
-    #: "input", "compute", or "unknown" (no batches yet).
+    #: "input", "compute", or "unknown" (no batches yet, or too few to judge).
     bound: str
     #: The share of time the loop waited for data once running (``LoaderStats.steady_wait_fraction``).
     data_wait_fraction: float
@@ -59,10 +77,12 @@ class Verdict:
     slowest_stage: Optional[str]
     slowest_share: float
     advice: str
+    #: Why there is no verdict ("unknown" only): no batches, or too little to judge.
+    reason: str = ""
 
     def __str__(self) -> str:
         if self.bound == "unknown":
-            return f"verdict: {self.advice}"
+            return f"verdict: {self.reason}\nadvice: {self.advice}"
         head = f"verdict: {self.bound}-bound: the loop waited for data {self.data_wait_fraction:.0%} of the time once running"
         if self.slowest_stage is not None:
             head += f"; slowest stage: {self.slowest_stage} ({self.slowest_share:.0%} of loading time)"
@@ -78,7 +98,16 @@ def judge(stats: "LoaderStats", cores: Optional[int] = None) -> Verdict:
     cores = cores or usable_cores()
     wait = stats.steady_wait_fraction
     if stats.batches == 0 or stats.wall_s <= 0:
-        return Verdict("unknown", wait, None, 0.0, "no batches yet; iterate first")
+        return Verdict("unknown", wait, None, 0.0, "iterate first", reason="no batches yet")
+    steady_s = stats.wall_s - stats.startup_s
+    if stats.batches < MIN_BATCHES or steady_s < MIN_STEADY_S:
+        return Verdict(
+            "unknown", wait, None, 0.0,
+            f"iterate longer and ask again: a verdict needs {MIN_BATCHES} batches and {MIN_STEADY_S} s once "
+            f"running (after each pass's first batch)",
+            reason=f"too little to judge: {stats.batches} batch{'es' if stats.batches != 1 else ''} in "
+            f"{stats.wall_s:.3f} s, {max(0.0, steady_s):.3f} s of it after the first batch",
+        )  # fmt: skip
     slowest = max(LOADING_STAGES, key=lambda name: stats.stages[name].total_s)
     share = stats.stage_share(slowest)
     if stats.stages[slowest].total_s <= 0:
@@ -87,7 +116,7 @@ def judge(stats: "LoaderStats", cores: Optional[int] = None) -> Verdict:
         bound, advice = "compute", _compute_bound_advice(stats, wait)
     else:
         bound, advice = "input", _input_bound_advice(stats, slowest, share, cores)
-    startup = stats.startup_s / stats.wall_s
+    startup = share_of(stats.startup_s, stats.wall_s) or 0.0
     if startup >= STARTUP_SHARE:
         advice += f". Start-up (iter() to each pass's first batch) took {startup:.0%} of wall time"
         if stats.worker_start_s is not None:
@@ -139,23 +168,27 @@ def _input_bound_advice(stats: "LoaderStats", slowest: Optional[str], share: flo
             f"pinning takes {share:.0%} of loading time ({p50} per batch): pin fewer, larger tensors, or turn "
             f"pin_memory off when not training on an accelerator"
         )
-    cpu_wait = stats.loading_cpu_wait_fraction or 0.0
-    if cpu_wait >= CONTENDED_CPU:
+    cpu_wait = stats.loading_cpu_wait_fraction
+    if cpu_wait is not None and cpu_wait >= CONTENDED_CPU:
+        return _contended_advice(stats, cpu_wait, slowest, p50, cores)
+    off_cpu = stats.loading_off_cpu_fraction if cpu_wait is not None else (None if cpu is None else 1.0 - cpu)
+    if off_cpu is not None and off_cpu >= WAITING_OFF_CPU:
+        what = "on storage, the network, a lock or a sleep"
+        if cpu_wait is None:
+            what += f"; waiting for a free core is {NOT_MEASURED}, so part of it may be that"
         return (
-            f"the loaders waited for a free core {cpu_wait:.0%} of their loading time: all {cores} cores are taken "
-            f"(the workers and the training process beside them), so more workers will not help; make {slowest} "
-            f"cheaper ({p50} per batch), or give the training process fewer threads (torch.set_num_threads)"
-        )
-    if cpu is not None and 1.0 - cpu - cpu_wait >= WAITING_OFF_CPU:
-        return (
-            f"loading mostly waits (on a CPU only {cpu:.0%} of its time, the rest on storage, the network, a lock "
-            f"or a sleep): more workers than cores help here, and worker threads cost no memory or start-up, e.g. "
+            f"loading mostly waits (on a CPU only {cpu:.0%} of its time, waiting {off_cpu:.0%} {what}): more "
+            f"workers than cores help here, and worker threads cost no memory or start-up, e.g. "
             f"num_workers={max(16, 2 * workers)}, worker_method=\"thread\"; also read each batch's samples "
             f"concurrently (reads_in_flight=8), or pack small files into shards (conveyor pack, docs/data.md)"
         )
     if busy >= SATURATED_BUSY:
         if workers < cores:
-            return f"more workers: num_workers={cores} (the {workers} workers are busy {busy:.0%}; this machine has {cores} cores)"
+            advice = f"more workers: num_workers={cores} (the {workers} workers are busy {busy:.0%}; this machine has {cores} cores)"
+            others = stats.cores_others_fraction
+            if others is not None and others >= OTHERS_TAKE_CORES:
+                advice += f"; but other processes on this machine use {others:.0%} of its cores, so expect less"
+            return advice
         what = {
             "fetch": "make __getitem__ cheaper: faster decoding (a faster JPEG decoder, decoding at a lower "
             "resolution), a packed record format instead of many small files, or augmentations on the accelerator",
@@ -175,3 +208,37 @@ def _input_bound_advice(stats: "LoaderStats", slowest: Optional[str], share: flo
         f"more batches in flight (raise prefetch_factor), and check that the main process is not the bottleneck "
         f"(its stages: sampler, transport, queue, pin)"
     )
+
+
+def _contended_advice(stats: "LoaderStats", cpu_wait: float, slowest: Optional[str], p50: str, cores: int) -> str:
+    """Loading waits for a free core: name who takes the cores, from what the machine reports."""
+    waited = f"the loaders waited for a free core {cpu_wait:.0%} of their loading time"
+    cheaper = f"make {slowest} cheaper ({p50} per batch)"
+    others, job = stats.cores_others_fraction, stats.cores_job_fraction
+    if others is None or job is None:
+        return (
+            f"{waited}: all {cores} cores are taken (by which processes is {NOT_MEASURED}), so more workers will "
+            f"not help; {cheaper}, or free the cores"
+        )
+    used = f"while the loader ran, other processes used {others:.0%} of the {stats.cores} usable cores and this job {job:.0%}"
+    idle = stats.cores_idle_fraction or 0.0
+    if idle >= IDLE_WHILE_WAITING and others < OTHERS_TAKE_CORES:
+        return (
+            f"{waited}, yet the {stats.cores} usable cores were idle {idle:.0%} of the time ({used}): something "
+            f"other than busy cores holds the loaders back, most likely a CPU quota (a container's or cgroup's "
+            f"limit: /sys/fs/cgroup/cpu.max); fewer workers, or a larger quota"
+        )
+    if others >= OTHERS_TAKE_CORES:
+        return (
+            f"other processes on this machine take the cores: {waited}; {used}. More workers will not help: run "
+            f"where the cores are free, or stop, pause or renice the other processes; or {cheaper}"
+        )
+    lighter = "give the training process fewer threads" + (" (torch.set_num_threads)" if torch_in_use() else "")
+    if stats.num_workers >= cores:
+        lighter = f"use fewer workers (num_workers={max(1, cores - 1)}: the training loop needs a core too), or {lighter}"
+    return f"this job takes the cores: {waited}; {used}. More workers will not help; {cheaper}, or {lighter}"
+
+
+def torch_in_use() -> bool:
+    """Whether torch is imported in this process (only then is torch advice any use)."""
+    return "torch" in sys.modules
