@@ -86,7 +86,9 @@ class LoaderIterator:
         drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, settings.index_sampler, first=first == 0))
         progress.draw_first = drawn.draw_first
         plan = _plan(drawn, start.base_seed, first, skip, settings.iterable)
-        executor.begin_epoch(next(_pass_ids), plan, first, skip, start.copies)
+        starting = executor.begin_epoch(next(_pass_ids), plan, first, skip, start.copies)
+        if starting is not None:  # (a state saved before the first batch resumes the copies from here)
+            progress.copies = starting
         # With workers, batches are pinned in a thread (as torch); in-process, inline.
         pinning = settings.pin and settings.num_workers > 0
         self._pin_thread = PinThread(executor.next_batch, settings.pin_ahead, _pin_delivered) if pinning else None

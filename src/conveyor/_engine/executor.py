@@ -131,8 +131,10 @@ class Executor(Protocol):
         first_index: int = 0,
         skip: frozenset = frozenset(),
         workers_resume: Optional[dict] = None,
-    ) -> None:
-        """Start a pass over ``tasks`` (see PoolExecutor.begin_epoch)."""
+    ) -> Optional[dict]:
+        """Start a pass over ``tasks`` (see PoolExecutor.begin_epoch); where
+        an iterable dataset's copies stand as it starts (None: fresh copies
+        of the dataset as it is, or a map-style dataset)."""
 
     def next_batch(self) -> Delivered:
         """The next batch; StopIteration at the end of the pass."""
@@ -157,15 +159,20 @@ class InProcessExecutor:
         first_index: int = 0,
         skip: frozenset = frozenset(),
         workers_resume: Optional[dict] = None,
-    ) -> None:
+    ) -> Optional[dict]:
         """Start a pass. Batches come in plan order here, so ``first_index``
         and ``skip`` (see :meth:`PoolExecutor.begin_epoch`) change nothing.
         An iterable dataset's ``__iter__`` runs now, as in torch; its one
-        copy continues from ``workers_resume`` (a one-worker progress) when given."""
+        copy continues from ``workers_resume`` (a one-worker progress) when
+        given. Returns where that copy stands now: the copy is the user's
+        dataset object itself, which the pass then moves on, so a state
+        saved before the first batch needs its start."""
         self._tasks = tasks
-        if self._fetcher.spec.iterable:
-            states = workers_resume["states"] if workers_resume is not None else [None]
-            self._fetcher.restart(states[0])
+        if not self._fetcher.spec.iterable:
+            return None
+        states = workers_resume["states"] if workers_resume is not None else [None]
+        self._fetcher.restart(states[0])
+        return self._copies()
 
     def next_batch(self) -> Delivered:
         """The next batch; StopIteration at the end of the epoch (its

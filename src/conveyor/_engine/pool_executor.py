@@ -189,7 +189,7 @@ class PoolExecutor:
         first_index: int = 0,
         skip: frozenset = frozenset(),
         workers_resume: Optional[dict] = None,
-    ) -> None:
+    ) -> Optional[dict]:
         """Start a new pass; results of an abandoned pass are dropped on arrival.
 
         A resumed epoch's plan starts at batch ``first_index`` and leaves out
@@ -198,7 +198,9 @@ class PoolExecutor:
         passes over ``skip``. For an iterable dataset, ``workers_resume`` (a
         saved ``copies``) puts each worker's copy back where it
         stood, retires the workers that had run out and gives the next turn
-        to the worker whose turn it was.
+        to the worker whose turn it was. Returns where the copies start:
+        ``workers_resume`` (None: each worker makes a fresh copy of the
+        dataset, which stays as it is in this process).
         """
         self._raise_if_unusable()
         self._epoch_id = epoch_id
@@ -219,6 +221,7 @@ class PoolExecutor:
                     self._workers[wid].active = False
         on_retired = self._progress.passed if self._progress is not None else None
         self._reorder = ReorderBuffer(self.config.in_order, first_index, skip, on_retired)
+        return workers_resume
 
     def next_batch(self) -> Delivered:
         """The next batch of this epoch; StopIteration at its end, whose
