@@ -1,13 +1,15 @@
 """Where a loader's time goes: per-stage stats, a verdict, live views, a trace.
 
     loader.stats()                 LoaderStats: totals, percentiles, rates (report.py)
-    loader.stats().summary()       a table and a Verdict (verdict.py)
+    loader.stats().summary()       prints a table (table.py) and a Verdict (verdict.py), once
+    loader.stats().to_dict()       the shares and the raw totals they are made of (JSON)
     DataLoader(progress=True)      a live tqdm bar (live.py)
     loader.on_stats(fn, every_s)   fn(LoaderStats) every few seconds, e.g. JsonLinesWriter
     with loader.trace(path): ...   a Chrome-trace timeline of every batch (trace.py)
 
 Each batch's record (``Delivered.timings``, made by the executors) feeds one
-:class:`StatsRecorder` per loader (recorder.py).
+:class:`StatsRecorder` per loader (recorder.py): the loading threads' own
+figures are summed in loading.py, who used the cores in machine.py.
 """
 
 from .live import JsonLinesWriter, ProgressBar

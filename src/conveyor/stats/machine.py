@@ -32,6 +32,8 @@ except ImportError:  # Windows
     resource = None  # type: ignore[assignment]
 
 _PROC_STAT = "/proc/stat"
+#: Enough of /proc/stat for the per-core lines of a machine of a few thousand cores.
+_PROC_STAT_BYTES = 1 << 18
 #: Fields of a ``/proc/stat`` core line that are busy time: user, nice,
 #: system, irq, softirq, steal (idle and iowait are not; guest time is
 #: already inside user and nice).
@@ -106,7 +108,7 @@ class CoreClock:
         try:
             busy = _cores_busy_s(self._cpus, self._tick_s)
             job = _own_cpu_s() + self._workers_cpu_s(worker_pids)
-        except (OSError, ValueError, IndexError):
+        except Exception:  # (best effort: also at interpreter exit, from a finalizer)
             self.measured = False
             return None
         return _Reading(perf_counter(), len(self._cpus), busy, job)
@@ -148,14 +150,20 @@ def _usable_cpus() -> Optional[frozenset]:
 
 
 def _cores_busy_s(cpus: frozenset, tick_s: float) -> float:
+    """Busy seconds of ``cpus`` since boot. One read: the kernel writes the
+    whole file at once, the per-core lines first (tens of microseconds in all)."""
+    fd = os.open(_PROC_STAT, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, _PROC_STAT_BYTES)
+    finally:
+        os.close(fd)
     busy = 0
-    with open(_PROC_STAT, "rb") as f:
-        for line in f:
-            if not line.startswith(b"cpu"):
-                break
-            name, *fields = line.split()
-            if name != b"cpu" and int(name[3:]) in cpus:
-                busy += sum(int(fields[k]) for k in _BUSY_FIELDS)
+    for line in data.split(b"\n", (os.cpu_count() or 1) + 1):
+        if not line.startswith(b"cpu"):
+            break
+        name, *fields = line.split()
+        if name != b"cpu" and int(name[3:]) in cpus:
+            busy += sum(int(fields[k]) for k in _BUSY_FIELDS)
     return busy * tick_s
 
 
