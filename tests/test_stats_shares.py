@@ -253,3 +253,23 @@ def test_loading_done_before_a_snapshot_is_not_the_intervals():
     assert interval.wall_s == pytest.approx(0.1)
     assert interval.workers_busy_fraction == pytest.approx(1.0)  # 2 × 0.1 s of 2 × 0.1 s, not 2 s of 0.2 s
     assert interval.to_dict()["raw"]["loading_busy_s"] == pytest.approx(0.2)
+
+
+def test_a_system_without_the_kernel_figures_says_not_measured(monkeypatch):
+    """As on macOS or Windows: no /proc/thread-self/schedstat, no /proc/stat.
+    The CPU share is still there (thread_time); the rest is None, and the
+    summary says it is not measured rather than print a guess."""
+    from conveyor._engine import cpu
+    from conveyor.stats import machine
+
+    monkeypatch.setattr(cpu, "_SCHEDSTAT", "/nonexistent/schedstat")
+    monkeypatch.setattr(machine, "_PROC_STAT", "/nonexistent/stat")
+    stats = _run(Spinning(40, 0.002), num_workers=0)
+    assert 0.0 <= stats.loading_cpu_fraction <= 1.0 and stats.cpu_measured_batches == stats.batches
+    assert stats.loading_cpu_wait_fraction is None and stats.loading_off_cpu_fraction is None
+    assert stats.cores is None and stats.cores_job_fraction is None and stats.cores_others_fraction is None
+    assert "cores_capacity_s" not in stats.to_dict()["raw"]
+    text = stats.text(cores=2)
+    assert "waiting for a free core: not measured on this system" in text
+    assert "who used the cores: not measured on this system" in text
+    assert_shares_hold(stats)
