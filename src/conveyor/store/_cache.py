@@ -171,7 +171,7 @@ class Cache:
         if problem is None and self.verify == "hash" and _seen(found, record) not in _VERIFIED:
             problem = _hash_disagreement(entry, found, record)
         if problem is not None:
-            log.warning("conveyor: the cached copy %s of %s is not used: %s; fetching it again", entry, source, problem)
+            log.warning("the cached copy %s of %s is not used: %s; fetching it again", entry, source, problem)
             _remove(entry)
             return None
         try:
