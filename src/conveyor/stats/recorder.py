@@ -32,7 +32,7 @@ import numpy as np
 from .._engine.executor import DeliveryTimes
 from .._engine.messages import LoadTimes
 from .loading import LoadingTotals
-from .machine import CoreClock
+from .machine import CoreClock, CoreUse
 from .report import STAGES, LoaderStats, Mark, StageStats
 
 #: Percentiles are computed over at least this many of the latest batches.
@@ -298,7 +298,7 @@ class StatsRecorder:
         interval = now.minus(earlier)
         return interval._replace(busy_s=max(0.0, interval.busy_s - before))
 
-    def _mark_locked(self, column_sums: list[float], cores: Any = None) -> Mark:
+    def _mark_locked(self, column_sums: list[float], cores: Optional[CoreUse] = None) -> Mark:
         wall_s = self._wall_closed_s
         if self._pass_started is not None:
             wall_s += self._last_event - self._pass_started
