@@ -9,9 +9,10 @@ How it measures: each setting runs --rounds times, the settings taking turns, so
 from other programs that comes and goes falls on all of them alike. A round is a fresh
 loader. Its first batch is left out of the rates (it is the "first batch" column); then come
 batches, each followed by --step-ms of sleep (your training step), for the setting's share of
---seconds and at least --min-batches batches, over as many passes as that takes (workers are
-kept between passes). A setting's samples/s is the median of its rounds, shown with the
-slowest and the fastest round.
+--seconds and at least --min-batches batches and twice the batches in flight, over as many
+passes as that takes (workers are kept between passes). A round lasts 0.6 s at least, long
+enough for the stats' verdict, which gives the advice. A setting's samples/s is the median of
+its rounds, shown with the slowest and the fastest round.
 
 How it chooses: the noise is how much one setting's rounds disagree (the median over the
 settings of (fastest - slowest) / median). Settings within the noise, and at least 5%, of
@@ -34,6 +35,7 @@ import sys
 from pathlib import Path
 
 from .._engine.cpu import usable_cores
+from ..stats.verdict import MIN_BATCHES
 from .factory import FactoryError, load_factory
 from .tune_choice import recommend
 from .tune_measure import TuneError, available_bytes, loader_builder, tree_memory_bytes
@@ -68,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--step-ms", type=float, default=0.0, help="a simulated training step per batch, in ms (default 0)")
     add("--seconds", type=float, default=3.0, help="seconds to measure each setting, over all its rounds (default 3)")
     add("--rounds", type=int, default=5, help="rounds per setting, at least 2: their spread is the noise (default 5)")
-    add("--min-batches", type=int, default=10, help="batches each round delivers at least (default 10)")
+    add("--min-batches", type=int, default=MIN_BATCHES, help=f"batches each round delivers at least (default {MIN_BATCHES}, "
+        "what the stats need for a verdict)")
     add("--max-seconds", type=float, default=120.0, help="seconds for the whole sweep (default 120)")
     add("--max-rss-gb", type=float, help="memory budget in GB (default: 80%% of the memory free at start)")
     add("--out", type=Path, help="a folder for tune.json and tune.png")
@@ -110,9 +113,9 @@ def _run(args: argparse.Namespace) -> int:
     settings = plan(args.workers or default_workers(cores), args.prefetch, args.batch_sizes or [None])
     budget = "-" if options.budget is None else f"{options.budget / _GB:.3g}"
     print(
-        f"conveyor tune: {loader}\n  {cores} cores; {len(settings)} settings, each {options.rounds} rounds "
-        f"for {options.seconds:g} s in all and at least {options.min_batches} batches a round; training step "
-        f"{args.step_ms:g} ms; at most {options.max_seconds:g} s and {budget} GB",
+        f"conveyor tune: {loader}\n  {cores} cores; {len(settings)} settings, each in {options.rounds} rounds of at "
+        f"least {options.round_seconds:.2g} s and {options.min_batches} batches; training step {args.step_ms:g} ms; "
+        f"at most {options.max_seconds:g} s and {budget} GB",
         flush=True,
     )
     started_load = load_average()

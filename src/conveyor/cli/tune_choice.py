@@ -14,6 +14,7 @@ import re
 import statistics
 from typing import Optional
 
+from ..stats.verdict import MIN_BATCHES, MIN_STEADY_S
 from .tune_measure import Result
 
 #: Settings whose median rates differ by less than this share always tie, however quiet the
@@ -47,6 +48,14 @@ def noise(results: list[Result]) -> float:
 def tolerance(results: list[Result]) -> float:
     """The share of the fastest median rate within which settings tie: the noise, and at least NEAR_BEST."""
     return max(NEAR_BEST, noise(results))
+
+
+def tie_rule(results: list[Result]) -> str:
+    """The tie rule in force, in words: "settings within 12% of the fastest median tie (...)", or,
+    when the noise is as large as the fastest median itself, "every setting ties"."""
+    if tolerance(results) >= 1:
+        return "every setting ties"
+    return f"settings within {tolerance(results):.0%} of the fastest median tie (the noise, {NEAR_BEST:.0%} at least)"
 
 
 def ties(results: list[Result]) -> list[Result]:
@@ -114,6 +123,11 @@ def advise(rec: Result, results: list[Result]) -> str:
     """The verdict's advice on ``rec`` (on its median round), unless it asks for settings the sweep
     measured and did not recommend: then what the sweep found for each of them instead."""
     middle = rec.median_round
+    if middle is not None and middle.bound == "unknown":
+        return (
+            "none: the rounds were too short for the stats to judge (a verdict needs "
+            f"{MIN_BATCHES} batches and {MIN_STEADY_S:g} s once running); raise --min-batches or --seconds"
+        )
     advice = middle.advice if middle else ""
     against = contradicted(rec, results, advice)
     tried = {r.workers for r in measured(results)}
@@ -133,8 +147,8 @@ def advise(rec: Result, results: list[Result]) -> str:
 
     fastest_two = sorted(against, key=lambda r: -r.samples_per_s)[:2]  # evidence enough
     text = (
-        f"the stats of this setting alone suggest another one, which the sweep measured (settings within "
-        f"{tolerance(results):.0%} of the fastest tie; {rec.samples_per_s:,.0f} samples/s here): "
+        f"the stats of this setting alone suggest another one, which the sweep measured ({tie_rule(results)}; "
+        f"{rec.samples_per_s:,.0f} samples/s here): "
         + "; ".join(map(finding, fastest_two))
     )
     if any(r in tied for r in against) and middle is not None and middle.slowest_stage is not None:

@@ -38,15 +38,18 @@ class Round:
 
     samples_per_s: float
     #: Share of the round's wall time the loop waited in next() (each later pass's first batch included).
+    #: This and workers_busy_fraction are the stats' own (LoaderStats), within [0, 1] as docs/stats.md says.
     data_wait_fraction: float = 0.0
-    #: Share of the workers' time spent loading, within [0, 1] (see :func:`_share`).
+    #: Share of the workers' time spent loading.
     workers_busy_fraction: Optional[float] = None
     #: Seconds from iter() to the first batch of the round's first pass (workers starting included).
     first_batch_s: Optional[float] = None
     peak_memory_mb: Optional[float] = None
     batches: int = 0
     passes: int = 0
-    #: The verdict on this round: its advice, and the loading stage with the most time and its share.
+    #: The verdict on this round: its bound ("unknown": too little to judge), its advice, and the
+    #: loading stage with the most time and its share.
+    bound: str = ""
     advice: str = ""
     slowest_stage: Optional[str] = None
     slowest_share: float = 0.0
@@ -237,16 +240,6 @@ def available_bytes() -> Optional[int]:
 
 
 # ----------------------------------------------------------------- a round
-def _share(fraction: Optional[float]) -> Optional[float]:
-    """A share read from the stats, kept within [0, 1].
-
-    Busy time is counted per delivered batch, and the first batches delivered in a round were
-    loaded (in part) before it began, so a round's workers can look busy a little more than its
-    wall time; that excess is this edge effect, not work, and is cut off here.
-    """
-    return None if fraction is None else min(1.0, max(0.0, fraction))
-
-
 def measure_round(
     build: Callable[[Result], Any], setting: Result, seconds: float, min_batches: int, step_s: float
 ) -> Optional[Round]:
@@ -283,12 +276,13 @@ def measure_round(
     verdict = steady.verdict()
     return Round(
         samples_per_s=steady.samples_per_s,
-        data_wait_fraction=_share(steady.data_wait_fraction),
-        workers_busy_fraction=_share(steady.workers_busy_fraction),
+        data_wait_fraction=steady.data_wait_fraction,
+        workers_busy_fraction=steady.workers_busy_fraction,
         first_batch_s=start.first_batch_s,
         peak_memory_mb=peak / _MB if peak else None,
         batches=steady.batches,
         passes=passes,
+        bound=verdict.bound,
         advice=verdict.advice,
         slowest_stage=verdict.slowest_stage,
         slowest_share=verdict.slowest_share,

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from .._engine.cpu import usable_cores
 from ..stats.verdict import INPUT_BOUND_WAIT
-from .tune_choice import NEAR_BEST, advise, leanness, measured, noise, tolerance, ties
+from .tune_choice import advise, leanness, measured, noise, tie_rule, ties, tolerance
 from .tune_measure import Result, available_bytes
 from .tune_sweep import SweepOptions
 
@@ -85,8 +85,8 @@ def describe(rec: Optional[Result], results: list[Result], step_ms: float) -> st
         text += f"\n  as fast within the noise: {named}{more}; the fewest workers, then the smallest prefetch, then "
         text += "the least memory win a tie"
     text += (
-        f"\n  (noise: a setting's rounds spread {noise(results):.0%} at the median; settings within "
-        f"{tolerance(results):.0%} of the fastest median tie, {NEAR_BEST:.0%} at least)"
+        f"\n  (noise: the slowest and fastest rounds of a setting differ by {noise(results):.0%} of its median, "
+        f"at the median over the settings: {tie_rule(results)})"
     )
     wait = rec.data_wait_fraction
     if not step_ms:
@@ -190,7 +190,8 @@ def plot(results: list[Result], rec: Optional[Result], path: Path) -> None:
     rounds = max((len(r.rounds) for r in shown), default=0)
     rate.set(title=f"conveyor tune: median of {rounds} rounds, bars min-max", ylabel="samples/s", ylim=(0, None))
     wait.set(xlabel="num_workers", ylabel="data wait %", ylim=(0, 105), xticks=sorted({r.workers for r in shown}))
-    rate.legend(fontsize="small")
+    if shown:
+        rate.legend(fontsize="small")
     for ax in (rate, wait):
         ax.grid(alpha=0.3)
     fig.tight_layout()

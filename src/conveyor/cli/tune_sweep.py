@@ -15,9 +15,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+from ..stats.verdict import MIN_STEADY_S
 from .tune_measure import Result, measure_round, tree_memory_bytes, with_round
 
 _MB = 1 << 20
+#: The shortest round: the verdict's minimum once running, and a fifth more for the later passes'
+#: first batches, which a round's interval counts as start-up.
+MIN_ROUND_S = 1.2 * MIN_STEADY_S
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class SweepOptions:
 
     #: Rounds per setting; their spread is the noise against which settings tie.
     rounds: int
-    #: Seconds each setting is measured, over all its rounds (each round gets its share).
+    #: Seconds each setting is measured, over all its rounds (each round gets its share, MIN_ROUND_S at least).
     seconds: float
     #: Batches each round delivers at least, after its first (more when more are in flight: see round_batches).
     min_batches: int
@@ -41,6 +45,11 @@ class SweepOptions:
         """A round delivers at least min_batches, and at least twice what can be in flight at once,
         so that the batches loaded ahead before it began are a small part of it."""
         return max(self.min_batches, 2 * setting.workers * (setting.prefetch or 0))
+
+    @property
+    def round_seconds(self) -> float:
+        """A round lasts its share of ``seconds``, and long enough for the stats to give a verdict on it."""
+        return max(self.seconds / self.rounds, MIN_ROUND_S)
 
 
 def plan(workers: list[int], prefetches: list[int], batch_sizes: list[Optional[int]]) -> list[Result]:
@@ -73,8 +82,7 @@ class _Sweep:
     def first_round_skip(self, setting: Result) -> Optional[Result]:
         """``setting`` marked skipped, or None when round 1 may measure it."""
         opts = self.options
-        share = opts.seconds / opts.rounds
-        if self.elapsed() + max([share, *self.longest_s.values()]) > opts.max_seconds:
+        if self.elapsed() + max([opts.round_seconds, *self.longest_s.values()]) > opts.max_seconds:
             return replace(setting, status="skipped-time", note=f"--max-seconds {opts.max_seconds:g} reached")
         # Memory grows with workers and with prefetch: a setting with no fewer of either than one
         # that went over the budget (at the same batch size) would go over too.
@@ -96,9 +104,7 @@ class _Sweep:
         """One more round of the setting at ``place``, with its memory checked against the budget."""
         setting, opts = self.results[place], self.options
         started = time.monotonic()
-        measured = measure_round(
-            self.build, setting, opts.seconds / opts.rounds, opts.round_batches(setting), opts.step_s
-        )
+        measured = measure_round(self.build, setting, opts.round_seconds, opts.round_batches(setting), opts.step_s)
         self.longest_s[place] = max(self.longest_s.get(place, 0.0), time.monotonic() - started)
         if measured is None:
             self.results[place] = replace(setting, status="empty", note="no batches")
