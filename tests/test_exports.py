@@ -55,7 +55,7 @@ def test_the_shards_and_store_modules_are_pinned_too():
     import conveyor.store
 
     assert set(conveyor.shards.__all__) == {
-        "ShardDataset", "ShardStream", "ShardIndex", "shard_paths", "encode_sample", "decode_member",
+        "ShardDataset", "ShardStream", "ShardIndex", "ShardError", "shard_paths", "encode_sample", "decode_member",
     }  # fmt: skip
     assert set(conveyor.store.__all__) == {"Store", "StoreFiles", "worth_retrying"}
     for module in (conveyor.shards, conveyor.store):

@@ -13,14 +13,14 @@ bytes, SHA-256); ``manifest.json`` lists them all at the end.
 
 The same SRC and bounds give the same bytes, whatever W. An interrupted
 run picks up where it stopped: shards with a record are kept, the rest are
-written again. ``conveyor pack --verify OUT`` checks every shard against
-the manifest (size, hash, samples) and exits 1 on any mismatch.
+written again. ``conveyor pack --verify OUT`` checks every shard and index
+against the manifest and the tar (pack_verify.py) and exits 1 naming every
+problem.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import multiprocessing
 import os
@@ -29,9 +29,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ..shards.dataset import MANIFEST
-from ..shards.records import BLOCK, ShardIndex, encode_sample, open_shard_writer, tar_bytes, write_sample
+from ..shards.index import ShardIndex, file_sha256
+from ..shards.manifest import MANIFEST
+from ..shards.records import BLOCK, encode_sample, open_shard_writer, tar_bytes, write_sample
 from .factory import FactoryError, load_factory
+from .pack_verify import verify
 
 #: tarfile pads an archive to a multiple of this (20 blocks) when it closes.
 _RECORD = 20 * BLOCK
@@ -152,21 +154,13 @@ def write_shard(job: tuple[str, int, int, int]) -> tuple[int, dict]:
     with open_shard_writer(path + ".tmp") as tar:
         for i in range(start, end):
             samples.append((f"{i:09d}", write_sample(tar, f"{i:09d}", _source.members(i))))
-    ShardIndex.build(samples).save(path + ".idx.tmp")
-    digest = _sha256(path + ".tmp")
+    digest, size = file_sha256(path + ".tmp"), os.path.getsize(path + ".tmp")
+    ShardIndex.build(samples, size, digest).save(path + ".idx.tmp")  # (tied to its tar: size and hash)
     os.replace(path + ".tmp", path)
     os.replace(path + ".idx.tmp", path + ".idx")
-    record = {"name": shard_name(k), "first": start, "samples": end - start, "bytes": os.path.getsize(path), "sha256": digest}
+    record = {"name": shard_name(k), "first": start, "samples": end - start, "bytes": size, "sha256": digest}
     _write_json(path + ".json", record)  # (last: a shard with a record is done)
     return k, record
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_json(path: str, value: Any) -> None:
@@ -231,35 +225,6 @@ def pack(
     return manifest
 
 
-# ----------------------------------------------------------------- verify
-def verify(out: str) -> list[str]:
-    """What is wrong with the shards in ``out`` (empty: nothing)."""
-    manifest = _read_json(os.path.join(out, MANIFEST))
-    if manifest is None:
-        return [f"{out}: no readable {MANIFEST} (not packed, or the packing did not finish)"]
-    problems, total = [], 0
-    for record in manifest["shards"]:
-        path = os.path.join(out, record["name"])
-        if not os.path.exists(path):
-            problems.append(f"{record['name']}: missing")
-            continue
-        if os.path.getsize(path) != record["bytes"]:
-            problems.append(f"{record['name']}: {os.path.getsize(path)} bytes, the manifest says {record['bytes']}")
-        elif _sha256(path) != record["sha256"]:
-            problems.append(f"{record['name']}: its SHA-256 differs from the manifest's (changed or damaged)")
-        try:
-            found = len(ShardIndex.scan(path))
-        except Exception as exc:
-            problems.append(f"{record['name']}: not a readable tar ({exc})")
-            continue
-        if found != record["samples"]:
-            problems.append(f"{record['name']}: {found} samples, the manifest says {record['samples']}")
-        total += found
-    if not problems and total != manifest["samples"]:
-        problems.append(f"the shards hold {total} samples, the manifest says {manifest['samples']}")
-    return problems
-
-
 # --------------------------------------------------------------- command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", metavar="SRC", help="a folder root/<class>/<file>, or MODULE:FACTORY (a map-style dataset)")
@@ -285,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         for line in problems:
             print(f"FAIL {line}")
         if not problems:
-            print(f"OK   {args.src}: every shard matches its manifest")
+            print(f"OK   {args.src}: every shard and index matches its manifest and its tar")
         return 1 if problems else 0
     try:
         if args.out is None:

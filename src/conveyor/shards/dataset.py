@@ -1,12 +1,16 @@
-"""Reading shards: a map-style dataset with random access, and a stream.
+"""Reading shards: a map-style dataset with random access, each read
+checked against the tar and the index.
 
-    ShardDataset(path)  ──▶ the shards (a folder with manifest.json, a list, a glob)
-                        ──▶ each shard's index (its .idx file, or its headers read once)
-    dataset[i]          ──▶ shard, sample ──▶ its members' bytes from the memory-mapped tar
+    ShardDataset(path)  ──▶ the shards (a folder with manifest.json, a list, a glob)  (manifest.py)
+                        ──▶ each shard's index (its .idx file, or its headers read once)  (index.py)
+                            tied to its tar: the tar's size = the index's record = the manifest's
+    dataset[i]          ──▶ shard, sample ──▶ each member's tar header checked (headers.py),
+                            its bytes from the memory-mapped tar
                         ──▶ {"__key__": key, "jpg": b"...", "cls": 3} (decoded by extension)
-    dataset.stream(...) ──▶ an IterableDataset: whole shards in turn, shuffled by shard
-    store=Store(...)    ──▶ shards in an object store: a sample by one ranged read;
-                            a stream by whole shards in the local cache, the next ones prefetched
+    dataset.stream(...) ──▶ an IterableDataset: whole shards in turn, shuffled by shard  (stream.py)
+    store=Store(...)    ──▶ shards in an object store: a sample by one ranged read (its first
+                            header to its last byte, checked the same way); a stream by whole
+                            shards in the local cache, the next ones prefetched
 
 Random access costs no ``open`` per sample: each process maps each shard
 once, on first use (a map inherited through fork is dropped and made anew,
@@ -17,64 +21,77 @@ dataset.
 
 from __future__ import annotations
 
-import glob
 import io
-import json
 import mmap
 import os
-import random
 from bisect import bisect_right
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .._engine.info import get_worker_info
-from ..dataset import IterableDataset
-from ..sharding import distributed_world, torch_worker_info
-from .records import ShardIndex, decode_member
+from .errors import VERIFY_HINT, ShardError
+from .headers import header_problem
+from .index import ShardIndex
+from .manifest import MANIFEST, Manifest, ShardRecord, find_shards, shard_paths
+from .records import BLOCK, decode_member
+from .stream import ShardReader, ShardStream
 
-MANIFEST = "manifest.json"
 
-
-def shard_paths(source: Union[str, os.PathLike, Sequence], store: Any = None) -> list[str]:
-    """The shards ``source`` names: a folder (its manifest's shards, else its
-    ``*.tar`` files, sorted), a glob pattern, one tar, or a list of tars; in
-    ``store`` (a conveyor.Store) when given, a folder of it."""
-    if isinstance(source, (list, tuple)):
-        return [str(p) for p in source]
+def index_for(path: str, record: Optional[ShardRecord] = None, store: Any = None) -> ShardIndex:
+    """A shard's index, checked against its tar and its manifest record:
+    its ``.idx`` file when there is one (``conveyor pack`` writes it), else
+    read from the tar's headers (for a shard in a store, from its local
+    copy). An index that was not made for this tar is a ShardError."""
     if store is not None:
-        folder = str(source).strip("/")
-        found = store.list(folder)
-        manifest = f"{folder}/{MANIFEST}" if folder else MANIFEST
-        if manifest in found:
-            names = [shard["name"] for shard in json.loads(store.read(manifest))["shards"]]
-            return [f"{folder}/{name}" if folder else name for name in names]
-        return [p for p in found if p.endswith(".tar")]
-    source = str(source)
-    if os.path.isdir(source):
-        manifest = os.path.join(source, MANIFEST)
-        if os.path.exists(manifest):
-            with open(manifest) as f:
-                return [os.path.join(source, shard["name"]) for shard in json.load(f)["shards"]]
-        return sorted(glob.glob(os.path.join(source, "*.tar")))
-    if any(c in source for c in "*?["):
-        return sorted(glob.glob(source))
-    return [source]
-
-
-def index_for(path: str, store: Any = None) -> ShardIndex:
-    """A shard's index: its ``.idx`` file when there is one (conveyor pack
-    writes it), else read from the tar's headers (for a shard in a store,
-    from its local copy)."""
-    if store is not None:
+        name = getattr(store, "url", str)(path + ".idx")
         try:
-            return ShardIndex.load(io.BytesIO(store.read(path + ".idx")))
+            index = ShardIndex.load(io.BytesIO(store.read(path + ".idx")), name)
         except FileNotFoundError:
-            return ShardIndex.scan(store.fetch(path))
-    saved = path + ".idx"
-    if os.path.exists(saved) and os.path.getmtime(saved) >= os.path.getmtime(path):
-        return ShardIndex.load(saved)
-    return ShardIndex.scan(path)
+            index = ShardIndex.scan(store.fetch(path), getattr(store, "url", str)(path))
+        # (the object's own size is not asked for: each ranged read is checked for short bytes instead)
+    else:
+        size = os.path.getsize(path)
+        if record is not None and size != record.bytes:
+            raise ShardError(
+                f"{path}: {size} bytes, its manifest records {record.bytes}: the shard changed or was cut short "
+                f"since it was packed; restore it or pack again ({VERIFY_HINT})"
+            )
+        saved = path + ".idx"
+        index = ShardIndex.load(saved) if os.path.exists(saved) else ShardIndex.scan(path)
+        if index.tar_bytes != size:
+            raise ShardError(
+                f"{saved}: made for a tar of {index.tar_bytes} bytes, but {path} has {size} (a stale index, or a "
+                f"changed tar); delete the index (the tar's headers are read instead) or pack again ({VERIFY_HINT})"
+            )
+    if record is not None:
+        problem = _record_problem(index, record)
+        if problem is not None:
+            raise ShardError(f"{path}: {problem}; restore the files or pack again ({VERIFY_HINT})")
+    return index
+
+
+def _record_problem(index: ShardIndex, record: ShardRecord) -> Optional[str]:
+    if index.tar_bytes != record.bytes:
+        return f"its index was made for a tar of {index.tar_bytes} bytes, the manifest records {record.bytes}"
+    if index.tar_sha256 and index.tar_sha256 != record.sha256:
+        return "its index was made for a tar with another SHA-256 than the manifest records"
+    if len(index) != record.samples:
+        return f"its index has {len(index)} samples, the manifest records {record.samples}"
+    return None
+
+
+def _check_counts(manifest: Manifest, indexes: list[ShardIndex]) -> None:
+    """The manifest's running sample numbers and total agree with its shards' indexes."""
+    total = 0
+    for n, (record, index) in enumerate(zip(manifest.shards, indexes)):
+        if record.first is not None and record.first != total:
+            raise ShardError(
+                f"{manifest.where}: shards[{n}].first is {record.first}, the shards before it hold {total} "
+                f"({VERIFY_HINT})"
+            )
+        total += len(index)
+    if total != manifest.samples:
+        raise ShardError(f"{manifest.where}: samples is {manifest.samples}, its shards hold {total} ({VERIFY_HINT})")
 
 
 class ShardDataset:
@@ -89,19 +106,27 @@ class ShardDataset:
 
         ds = ShardDataset("shards/", transform=lambda s: (to_tensor(s["jpg"]), s["cls"]))
         loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=8)
+
+    Every shard's size is checked against its index and manifest at
+    construction, and every member's tar header at each read: a shard,
+    index or manifest that disagrees raises :class:`ShardError` naming the
+    file, the sample and what disagrees, never wrong or short bytes.
     """
 
     def __init__(
         self, source: Any, transform: Optional[Callable[[dict], Any]] = None, decode: bool = True, store: Any = None
     ):
         self.store = store
-        self.paths = shard_paths(source, store)
+        self.paths, manifest = find_shards(source, store)
         if not self.paths:
             raise ValueError(f"no shards found at {source!r} (a folder of .tar files, a glob, or a list of paths)")
         missing = [p for p in self.paths if store is None and not os.path.exists(p)]
         if missing:
             raise FileNotFoundError(f"shards not found: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-        self.indexes = [index_for(path, store) for path in self.paths]
+        records = manifest.shards if manifest is not None else [None] * len(self.paths)
+        self.indexes = [index_for(path, record, store) for path, record in zip(self.paths, records)]
+        if manifest is not None:
+            _check_counts(manifest, self.indexes)
         #: Sample number where each shard begins (and the total at the end).
         self.firsts = np.cumsum([0] + [len(index) for index in self.indexes]).tolist()
         self.transform = transform
@@ -132,13 +157,14 @@ class ShardDataset:
         return mapped
 
     def _mapped(self, shard: int) -> mmap.mmap:
+        expected = self.indexes[shard].tar_bytes
         if self.store is None:
-            return _map_file(self.paths[shard])
+            return _map_file(self.paths[shard], expected)
         try:
-            return _map_file(self.store.fetch(self.paths[shard]))
+            return _map_file(self.store.fetch(self.paths[shard]), expected, self.paths[shard])
         except FileNotFoundError:
             # Another worker's fetch may evict the cached copy between our fetch and open: fetch it again.
-            return _map_file(self.store.fetch(self.paths[shard]))
+            return _map_file(self.store.fetch(self.paths[shard]), expected, self.paths[shard])
 
     def close_shard(self, shard: int) -> None:
         """Let go of a shard's map (a stream is done with it)."""
@@ -149,21 +175,47 @@ class ShardDataset:
     def raw(self, i: int) -> dict:
         """Sample ``i``'s members as bytes, by extension, with its ``__key__``:
         from the shard's map, or (a shard in a store not fetched whole) by
-        one ranged read of the sample's bytes."""
+        one ranged read from its first member's header to its last byte.
+        Each member's tar header is checked first (its name, size and
+        checksum); a disagreement is a ShardError."""
         shard, s = self.locate(i)
         index = self.indexes[shard]
-        members = range(index.starts[s], index.starts[s + 1])
+        first, stop = index.starts.item(s), index.starts.item(s + 1)
         if self.store is not None and (self._pid != os.getpid() or shard not in self._maps):
-            base = int(index.offsets[members.start]) if len(members) else 0
-            last = members.stop - 1
-            data = self.store.read(self.paths[shard], base, int(index.offsets[last] + index.sizes[last])) if len(members) else b""
+            base, data = self._read_range(shard, s, first, stop)
         else:
             base, data = 0, self.open_shard(shard)
-        sample = {"__key__": str(index.keys[s])}
-        for m in members:
-            offset = int(index.offsets[m]) - base
-            sample[index.exts[index.ext_ids[m]]] = data[offset : offset + int(index.sizes[m])]
+        key = index.keys.item(s)
+        sample = {"__key__": key}
+        exts, ext_ids, offsets, sizes = index.exts, index.ext_ids, index.offsets, index.sizes
+        for m in range(first, stop):
+            ext = exts[ext_ids.item(m)]
+            at, size = offsets.item(m) - base, sizes.item(m)
+            problem = header_problem(data, at, f"{key}.{ext}", size)
+            if problem is not None:
+                raise ShardError(
+                    f"{self.paths[shard]}: sample {s} of the shard (sample {i} of the dataset, key {key!r}), member "
+                    f"{ext!r}: {problem}. The index does not match the tar (a stale or edited index, or a changed "
+                    f"tar); {VERIFY_HINT}, then pack again or restore the files"
+                )
+            sample[ext] = data[at : at + size]
         return sample
+
+    def _read_range(self, shard: int, s: int, first: int, stop: int) -> tuple[int, bytes]:
+        """(where it begins in the tar, the bytes): sample ``s``'s first header to its last byte, by one ranged read."""
+        if first == stop:
+            return 0, b""
+        index = self.indexes[shard]
+        base = index.offsets.item(first) - BLOCK
+        end = index.offsets.item(stop - 1) + index.sizes.item(stop - 1)
+        data = self.store.read(self.paths[shard], base, end)
+        if len(data) != end - base:
+            raise ShardError(
+                f"{self.paths[shard]}: sample {s} of the shard: the store returned {len(data)} of its {end - base} "
+                f"bytes ({base} to {end}); the object is shorter than its index says (changed or cut short). "
+                f"Restore it or pack and upload again ({VERIFY_HINT})"
+            )
+        return base, data
 
     def __getitem__(self, i: int) -> Any:
         sample = self.raw(i)
@@ -171,7 +223,7 @@ class ShardDataset:
             sample = {ext: value if ext == "__key__" else decode_member(ext, value) for ext, value in sample.items()}
         return self.transform(sample) if self.transform is not None else sample
 
-    def stream(self, shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2) -> "ShardStream":
+    def stream(self, shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2) -> ShardStream:
         """The same samples as an IterableDataset that reads whole shards in
         turn (sequential reads), shuffled by shard when asked; from a store,
         each worker fetches its next ``prefetch`` shards while it reads one."""
@@ -186,89 +238,16 @@ class ShardDataset:
         return f"ShardDataset({len(self.paths)} shards, {len(self)} samples)"
 
 
-def _map_file(path: str) -> mmap.mmap:
+def _map_file(path: str, expected: int, name: Optional[str] = None) -> mmap.mmap:
+    """``path`` mapped read-only, once its size is the ``expected`` one (its index's record)."""
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != expected:
+            raise ShardError(
+                f"{name or path}: {size} bytes now, its index was made for {expected}: the shard changed since it "
+                f"was opened (or its local copy is not the object); open the dataset again ({VERIFY_HINT})"
+            )
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-class ShardStream(IterableDataset):
-    """Whole shards in turn, each read front to back; the shards are shared
-    out among workers (and ranks, as ``ShardedIterable`` does) by number, and
-    shuffled per epoch with ``shuffle_shards`` (``set_epoch`` moves it on).
-    Samples within a shard keep their order."""
-
-    def __init__(self, dataset: ShardDataset, shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2):
-        self.dataset, self.shuffle_shards, self.seed, self.prefetch = dataset, shuffle_shards, seed, prefetch
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def shards(self) -> list[int]:
-        """This worker's shards this epoch, in order."""
-        order = list(range(len(self.dataset.paths)))
-        if self.shuffle_shards:
-            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
-        world, rank = distributed_world()
-        info = get_worker_info() or torch_worker_info()  # (conveyor's loader, or torch's)
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return order[rank * workers + worker :: world * workers]
-
-    def __iter__(self) -> "ShardReader":
-        return ShardReader(self)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-
-class ShardReader:
-    """One pass of a ShardStream in one worker: its shards in order, each
-    mapped while it is read (from a store: the next ones prefetched). Saves
-    and loads where it stands (``state_dict``), so a resumed stream goes on
-    from the sample after the last one delivered without reading again."""
-
-    def __init__(self, stream: ShardStream):
-        self._stream = stream
-        self._shards = stream.shards()
-        self._position = 0  # in self._shards
-        self._sample = 0  # in that shard
-        self._open: Optional[int] = None
-
-    def __iter__(self) -> "ShardReader":
-        return self
-
-    def __next__(self) -> Any:
-        ds = self._stream.dataset
-        while self._position < len(self._shards):
-            shard = self._shards[self._position]
-            if self._sample < len(ds.indexes[shard]):
-                if self._open != shard:
-                    self._enter(shard)
-                self._sample += 1
-                return ds[ds.firsts[shard] + self._sample - 1]
-            ds.close_shard(shard)
-            self._open = None
-            self._position, self._sample = self._position + 1, 0
-        raise StopIteration
-
-    def _enter(self, shard: int) -> None:
-        ds, ahead = self._stream.dataset, self._stream.prefetch
-        if ds.store is not None:  # (the next shards download while this one is read)
-            ds.store.prefetch([ds.paths[k] for k in self._shards[self._position + 1 : self._position + 1 + ahead]])
-        ds.open_shard(shard)
-        self._open = shard
-
-    def state_dict(self) -> dict:
-        return {"shards": list(self._shards), "position": self._position, "sample": self._sample}
-
-    def load_state_dict(self, state: dict) -> None:
-        if list(state["shards"]) != self._shards:
-            raise ValueError(
-                f"ShardStream.load_state_dict: the state's shards {state['shards'][:8]} are not this worker's "
-                f"{self._shards[:8]} (another shuffle seed, epoch, number of workers or ranks); resume with the "
-                f"settings that saved it"
-            )
-        self._position, self._sample = int(state["position"]), int(state["sample"])
-
-
-__all__ = ["ShardDataset", "ShardStream", "ShardReader", "shard_paths"]
+__all__ = ["ShardDataset", "ShardStream", "ShardReader", "ShardError", "shard_paths", "index_for", "MANIFEST"]

@@ -3,7 +3,7 @@ finds them again without reading the tar.
 
     sample {"jpg": b"...", "cls": 3} ──encode──▶ members ("000042.jpg", b"..."), ("000042.cls", b"3")
     members ──write_sample──▶ tar (USTAR: a 512-byte header, the data padded to 512)
-    tar ──scan──▶ ShardIndex: per sample its key, per member its extension, offset and size
+    tar ──scan──▶ ShardIndex (index.py): per sample its key, per member its extension, offset and size
 
 A sample's members share a key (the name up to the first dot of its last
 path part) and follow one another; the extension (after that dot) says how
@@ -19,7 +19,6 @@ import io
 import json
 import numbers
 import tarfile
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -123,73 +122,5 @@ def write_sample(tar: tarfile.TarFile, key: str, members: list[tuple[str, bytes]
 
 
 def open_shard_writer(path: str) -> tarfile.TarFile:
+    """A new tar at ``path`` in the USTAR format (what write_sample expects)."""
     return tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
-
-
-# ------------------------------------------------------------------ indexing
-@dataclass
-class ShardIndex:
-    """Where each sample of one shard lies: sample ``s`` has members
-    ``starts[s]`` to ``starts[s + 1]``; member ``m`` is ``sizes[m]`` bytes at
-    ``offsets[m]`` with extension ``exts[ext_ids[m]]``."""
-
-    keys: np.ndarray
-    starts: np.ndarray
-    offsets: np.ndarray
-    sizes: np.ndarray
-    ext_ids: np.ndarray
-    exts: list
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @classmethod
-    def build(cls, samples: list[tuple[str, list[tuple[str, int, int]]]]) -> "ShardIndex":
-        """From (key, [(extension, offset, size), ...]) per sample."""
-        exts: dict[str, int] = {}
-        starts, offsets, sizes, ext_ids = [0], [], [], []
-        for _, members in samples:
-            for ext, offset, size in members:
-                ext_ids.append(exts.setdefault(ext, len(exts)))
-                offsets.append(offset)
-                sizes.append(size)
-            starts.append(len(offsets))
-        return cls(
-            keys=np.array([key for key, _ in samples], dtype=str),
-            starts=np.array(starts, dtype=np.int64),
-            offsets=np.array(offsets, dtype=np.int64),
-            sizes=np.array(sizes, dtype=np.int64),
-            ext_ids=np.array(ext_ids, dtype=np.int32),
-            exts=list(exts),
-        )
-
-    @classmethod
-    def scan(cls, path: str) -> "ShardIndex":
-        """Read a tar's headers (any tar in the WebDataset layout, e.g. one the
-        webdataset package wrote): its samples are runs of members sharing a key."""
-        samples: list[tuple[str, list]] = []
-        with tarfile.open(path, "r:") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                directory, _, base = member.name.rpartition("/")
-                stem, dot, ext = base.partition(".")
-                if not dot or stem.startswith("_"):  # (no extension, or metadata such as __index__)
-                    continue
-                key = f"{directory}/{stem}" if directory else stem
-                if not samples or samples[-1][0] != key:
-                    samples.append((key, []))
-                samples[-1][1].append((ext, member.offset_data, member.size))
-        return cls.build(samples)
-
-    def save(self, path: str) -> None:
-        with open(path, "wb") as f:
-            np.savez(f, keys=self.keys, starts=self.starts, offsets=self.offsets, sizes=self.sizes,
-                     ext_ids=self.ext_ids, exts=np.array(self.exts, dtype=str))  # fmt: skip
-
-    @classmethod
-    def load(cls, path: Any) -> "ShardIndex":
-        """From a file :meth:`save` wrote (a path or a file object)."""
-        with np.load(path, allow_pickle=False) as saved:
-            return cls(saved["keys"], saved["starts"], saved["offsets"], saved["sizes"], saved["ext_ids"],
-                       [str(e) for e in saved["exts"]])  # fmt: skip

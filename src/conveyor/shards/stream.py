@@ -1,0 +1,103 @@
+"""Reading shards in sequence: whole shards in turn, shared out among
+workers and ranks by shard, each worker's place saved for exact resume.
+
+    ShardStream(dataset)  ──▶ per epoch: the shard order (shuffled by seed and epoch)
+                          ──▶ this worker's shards: order[rank * workers + worker :: world * workers]
+    iter(stream)          ──▶ ShardReader: shard by shard, sample by sample (each read checked as
+                              ShardDataset[i] checks it), the next shards prefetched from a store
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any, Optional
+
+from .._engine.info import get_worker_info
+from ..dataset import IterableDataset
+from ..sharding import distributed_world, torch_worker_info
+
+if TYPE_CHECKING:
+    from .dataset import ShardDataset
+
+
+class ShardStream(IterableDataset):
+    """Whole shards in turn, each read front to back; the shards are shared
+    out among workers (and ranks, as ``ShardedIterable`` does) by number, and
+    shuffled per epoch with ``shuffle_shards`` (``set_epoch`` moves it on).
+    Samples within a shard keep their order."""
+
+    def __init__(self, dataset: "ShardDataset", shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2):
+        self.dataset, self.shuffle_shards, self.seed, self.prefetch = dataset, shuffle_shards, seed, prefetch
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def shards(self) -> list[int]:
+        """This worker's shards this epoch, in order."""
+        order = list(range(len(self.dataset.paths)))
+        if self.shuffle_shards:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        world, rank = distributed_world()
+        info = get_worker_info() or torch_worker_info()  # (conveyor's loader, or torch's)
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return order[rank * workers + worker :: world * workers]
+
+    def __iter__(self) -> "ShardReader":
+        return ShardReader(self)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
+class ShardReader:
+    """One pass of a ShardStream in one worker: its shards in order, each
+    mapped while it is read (from a store: the next ones prefetched). Saves
+    and loads where it stands (``state_dict``), so a resumed stream goes on
+    from the sample after the last one delivered without reading again."""
+
+    def __init__(self, stream: ShardStream):
+        self._stream = stream
+        self._shards = stream.shards()
+        self._position = 0  # in self._shards
+        self._sample = 0  # in that shard
+        self._open: Optional[int] = None
+
+    def __iter__(self) -> "ShardReader":
+        return self
+
+    def __next__(self) -> Any:
+        ds = self._stream.dataset
+        while self._position < len(self._shards):
+            shard = self._shards[self._position]
+            if self._sample < len(ds.indexes[shard]):
+                if self._open != shard:
+                    self._enter(shard)
+                self._sample += 1
+                return ds[ds.firsts[shard] + self._sample - 1]
+            ds.close_shard(shard)
+            self._open = None
+            self._position, self._sample = self._position + 1, 0
+        raise StopIteration
+
+    def _enter(self, shard: int) -> None:
+        ds, ahead = self._stream.dataset, self._stream.prefetch
+        if ds.store is not None:  # (the next shards download while this one is read)
+            ds.store.prefetch([ds.paths[k] for k in self._shards[self._position + 1 : self._position + 1 + ahead]])
+        ds.open_shard(shard)
+        self._open = shard
+
+    def state_dict(self) -> dict:
+        return {"shards": list(self._shards), "position": self._position, "sample": self._sample}
+
+    def load_state_dict(self, state: dict) -> None:
+        if list(state["shards"]) != self._shards:
+            raise ValueError(
+                f"ShardStream.load_state_dict: the state's shards {state['shards'][:8]} are not this worker's "
+                f"{self._shards[:8]} (another shuffle seed, epoch, number of workers or ranks); resume with the "
+                f"settings that saved it"
+            )
+        self._position, self._sample = int(state["position"]), int(state["sample"])
+
+
+__all__ = ["ShardStream", "ShardReader"]
