@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -111,6 +112,8 @@ def inject_failure(name: str, first: str) -> None:
             return real(path)
         if name == "EACCES":
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        if name == "KILL":
+            os.kill(os.getpid(), signal.SIGKILL)
         return tarfile.open(fileobj=FullDisk(path, "w"), mode="w", format=tarfile.USTAR_FORMAT)
 
     packing.open_shard_writer = failing
@@ -155,6 +158,17 @@ def test_a_full_disk_or_refused_write_is_one_line_and_a_rerun_resumes(tmp_path, 
     assert os.stat(out / "shard-000000.tar").st_mtime_ns == kept  # (kept, not written again)
     dataset = ShardDataset(out)
     assert [dataset[i]["cls"] for i in range(12)] == list(range(12))
+
+
+def test_a_writing_process_that_dies_is_one_line_not_a_hang(tmp_path):
+    out, spec = tmp_path / "out", f"{__file__}:make_numbers"
+    failed = run_pack(spec, out, "--max-samples", "3", "--workers", "2", fail="KILL:2")
+    assert failed.returncode == 1
+    lines = failed.stderr.strip().splitlines()
+    assert len(lines) == 1 and "conveyor pack: error: a process writing shards died" in lines[0]
+    assert "manifest.json" not in os.listdir(out) and "shard-000002.tar.json" not in os.listdir(out)
+    assert run_pack(spec, out, "--max-samples", "3", "--workers", "2").returncode == 0
+    assert verify(str(out)) == []
 
 
 def test_an_out_folder_that_cannot_be_made_is_one_line_naming_it(tmp_path):

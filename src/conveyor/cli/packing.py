@@ -273,8 +273,8 @@ class _Processes:
         pool = self._pool(workers)
         try:
             return list(pool.map(function, items, chunksize=64))
-        except BrokenProcessPool as exc:
-            raise PackFailed(f"a process measuring samples died ({exc}); run the same command again") from None
+        except BrokenProcessPool:
+            raise PackFailed("a process measuring samples died (killed, or out of memory?); run it again") from None
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -283,10 +283,10 @@ class _Processes:
         try:
             for done in as_completed([pool.submit(function, job) for job in jobs]):
                 yield done.result()
-        except BrokenProcessPool as exc:
+        except BrokenProcessPool:
             raise PackFailed(
-                f"a process writing shards died ({exc}; out of memory?); run the same command again: it keeps the "
-                f"shards already written"
+                "a process writing shards died (killed, or out of memory?); run the same command again: it keeps "
+                "the shards already written"
             ) from None
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
