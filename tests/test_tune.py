@@ -141,10 +141,11 @@ def test_a_difference_inside_the_spread_of_the_rounds_is_a_tie_and_outside_it_is
     # The same medians with rounds that agree within 2%: the gain is real.
     quiet = [setting(1, 2, 99, 100, 101), setting(2, 2, 119, 120, 121)]
     assert recommend(quiet).workers == 2
-    assert tune_choice.tie_rule(quiet) == "settings within 5% of the fastest median tie (the noise, 5% at least)"
+    assert tune_choice.tie_rule(quiet) == "settings within 5% of the fastest median tie (5% at least, more than the noise)"
+    assert tune_choice.tie_rule(noisy) == "settings within 30% of the fastest median tie (the noise)"
     # Rounds that disagree by more than their median: nothing can be told apart.
     wild = [setting(0, None, 30, 100, 300), setting(2, 2, 100, 400, 900)]
-    assert tune_choice.tie_rule(wild) == "every setting ties" and recommend(wild).workers == 0
+    assert tune_choice.tie_rule(wild).startswith("every setting ties") and recommend(wild).workers == 0
 
 
 def test_at_equal_speed_prefetch_then_memory_decide():
@@ -205,14 +206,14 @@ def test_advice_for_a_setting_the_sweep_measured_and_did_not_choose_gives_the_me
     assert rec.workers == 1
     said = advise(rec, results)
     assert "num_workers=2" not in said
-    assert "2 workers, prefetch 2 at 756 samples/s, as fast within the noise" in said
+    assert "2 workers, prefetch 2: 756 samples/s, as fast within the noise" in said
     assert "fetch (90% of loading time)" in said
 
 
 def test_advice_to_raise_prefetch_is_replaced_when_a_larger_prefetch_was_measured():
     results = [setting(2, 2, 100, 101, advice=ADVICE[2]), setting(2, 4, 101, 102)]
     said = advise(recommend(results), results)
-    assert "prefetch_factor" not in said and "prefetch 4 at" in said
+    assert "prefetch_factor" not in said and "2 workers, prefetch 4: 102 samples/s" in said
 
 
 def test_advice_beyond_the_sweep_is_kept_and_says_it_was_not_measured():

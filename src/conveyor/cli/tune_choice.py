@@ -51,11 +51,12 @@ def tolerance(results: list[Result]) -> float:
 
 
 def tie_rule(results: list[Result]) -> str:
-    """The tie rule in force, in words: "settings within 12% of the fastest median tie (...)", or,
-    when the noise is as large as the fastest median itself, "every setting ties"."""
-    if tolerance(results) >= 1:
-        return "every setting ties"
-    return f"settings within {tolerance(results):.0%} of the fastest median tie (the noise, {NEAR_BEST:.0%} at least)"
+    """The tie rule in force, in words, e.g. "settings within 12% of the fastest median tie (the noise)"."""
+    tol = tolerance(results)
+    if tol >= 1:
+        return "every setting ties (the noise is as large as the fastest median)"
+    why = "the noise" if tol > NEAR_BEST else f"{NEAR_BEST:.0%} at least, more than the noise"
+    return f"settings within {tol:.0%} of the fastest median tie ({why})"
 
 
 def ties(results: list[Result]) -> list[Result]:
@@ -141,19 +142,18 @@ def advise(rec: Result, results: list[Result]) -> str:
     tied = ties(results)
 
     def finding(r: Result) -> str:
-        if r in tied:
-            return f"{_setting_words(r)} at {r.samples_per_s:,.0f} samples/s, as fast within the noise"
-        return f"{_setting_words(r)} at {r.samples_per_s:,.0f} samples/s, slower than the fastest beyond the noise"
+        how = "as fast within the noise" if r in tied else "slower than the fastest beyond the noise"
+        return f"{_setting_words(r)}: {r.samples_per_s:,.0f} samples/s, {how}"
 
     fastest_two = sorted(against, key=lambda r: -r.samples_per_s)[:2]  # evidence enough
     text = (
-        f"the stats of this setting alone suggest another one, which the sweep measured ({tie_rule(results)}; "
-        f"{rec.samples_per_s:,.0f} samples/s here): "
+        f"the stats of this setting alone suggest another, but the sweep measured it: "
         + "; ".join(map(finding, fastest_two))
+        + f" (this one: {rec.samples_per_s:,.0f} samples/s)"
     )
     if any(r in tied for r in against) and middle is not None and middle.slowest_stage is not None:
         text += (
-            f". More workers or batches in flight do not help: the time goes to {middle.slowest_stage} "
+            f". More workers or batches in flight did not measurably help: the time goes to {middle.slowest_stage} "
             f"({middle.slowest_share:.0%} of loading time); make it cheaper, or check what else uses the cores"
         )
     return text

@@ -86,7 +86,7 @@ def describe(rec: Optional[Result], results: list[Result], step_ms: float) -> st
         text += "the least memory win a tie"
     text += (
         f"\n  (noise: the slowest and fastest rounds of a setting differ by {noise(results):.0%} of its median, "
-        f"at the median over the settings: {tie_rule(results)})"
+        f"at the median over the settings; {tie_rule(results)})"
     )
     wait = rec.data_wait_fraction
     if not step_ms:
