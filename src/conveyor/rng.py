@@ -26,7 +26,7 @@ import base64
 import random
 import sys
 import threading
-from typing import Any, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -96,6 +96,9 @@ class RandomSource(Protocol):
 
     def set_state(self, state: Any) -> None: ...
 
+    def state_problem(self, state: Any) -> Optional[str]:
+        """Why ``state`` cannot be loaded by ``set_state`` (None: it can), without loading it."""
+
 
 class NumpySource:
     """A :class:`RandomSource` over a ``numpy.random.Generator``.
@@ -140,6 +143,15 @@ class NumpySource:
 
     def set_state(self, state: Any) -> None:
         self.generator.bit_generator.state = state
+
+    def state_problem(self, state: Any) -> Optional[str]:
+        """Why ``state`` cannot be this generator's (None: it can). Tried on
+        a fresh bit generator of the same kind; this one is left alone."""
+        try:
+            type(self.generator.bit_generator)().state = state
+        except Exception as exc:
+            return f"it is not a {type(self.generator.bit_generator).__name__} state ({type(exc).__name__}: {exc})"
+        return None
 
 
 def _plain(value: Any) -> Any:
@@ -204,6 +216,19 @@ class TorchSource:
         t = self._torch
         raw = np.frombuffer(base64.b64decode(state), dtype=np.uint8).copy()
         self.generator.set_state(t.from_numpy(raw))
+
+    def state_problem(self, state: Any) -> Optional[str]:
+        """Why ``state`` cannot be this generator's (None: it can). Tried on
+        a fresh generator of the same device; this one is left alone."""
+        t = self._torch
+        try:
+            if not isinstance(state, str):
+                raise TypeError(f"a {type(state).__name__}, not the base64 text state_dict() writes")
+            raw = np.frombuffer(base64.b64decode(state, validate=True), dtype=np.uint8).copy()
+            t.Generator(device=self.generator.device).set_state(t.from_numpy(raw))
+        except Exception as exc:
+            return f"it is not a torch.Generator state ({type(exc).__name__}: {exc})"
+        return None
 
 
 def draw_seed(flavor: str = "numpy") -> int:

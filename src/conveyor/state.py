@@ -16,7 +16,8 @@ Actors:
     and updated by that iteration's iterator. It outlives the iterator, so a
     loader reports where an abandoned iteration stopped, as torchdata does.
   * ``ResumePoint``: a checked state inside an epoch, waiting for ``iter()``.
-  * ``state_format``: the encoding and the checks (both-sides errors).
+  * ``state_format``: the encoding, and the checks of header and settings
+    (both-sides errors); ``state_checks``: every other field's type and range.
 
 Why a resumed epoch is exact without re-reading: batch ``i`` of an epoch holds
 the samples the sampler gives as its ``i``-th batch, and is loaded with
@@ -41,18 +42,16 @@ import numpy as np
 
 from . import rng
 from .sampler import _has_position, batch_fingerprint, replay_point, restore_replay_point
-from .state_format import (
-    LOADER_FIX,
-    STATE_VERSION,
-    LoaderView,
-    check_header,
-    check_settings,
-    mismatch_error,
+from .state_checks import (
+    check_dataset_state,
+    check_generator,
+    check_replay,
+    check_sampler,
     read_copies,
     read_position,
     read_skipped,
-    seal,
 )
+from .state_format import LOADER_FIX, STATE_VERSION, LoaderView, check_header, check_settings, mismatch_error, seal
 
 __all__ = ["Stateful", "STATE_VERSION", "ResumeTracker", "LoaderView"]
 
@@ -379,7 +378,13 @@ class ResumeTracker:
                 "DataLoader", "the base seed does not follow from seed= and the epoch.",
                 {"base_seed": base_seed}, {"seed": view.seed}, LOADER_FIX,
             )
-        copies = read_copies(view, state["copies"])
+        check_sampler(view.index_sampler, state["sampler"], position, in_epoch, view.iterable)
+        check_replay(view.index_sampler, state, view.flavor)
+        check_generator(_generator_source(view), state["generator_state"])
+        loads_dataset = view.iterable and view.num_workers == 0 and not in_epoch
+        check_dataset_state(view.dataset, state["dataset_state"], "dataset_state", loads_dataset)
+        copies = read_copies(view, state["copies"], position + len(ahead) if in_epoch else None)
+        skipped = read_skipped(state.get("skipped", []))
         jumps = _has_position(state["sampler"])
         with _undone_on_failure(view, state["dataset_state"] is not None):
             _apply(view, state, replays=in_epoch and not jumps)
@@ -410,7 +415,7 @@ class ResumeTracker:
                 copies=copies,
                 replay=state["replay"],
                 first_batch=state["first_batch"],
-                skipped=read_skipped(state.get("skipped", ())),
+                skipped=skipped,
             )
 
 
@@ -477,15 +482,26 @@ def _warn_fast_forward(view: LoaderView, epoch: int, copies: Any) -> None:
 
 
 def _apply(view: LoaderView, state: Mapping[str, Any], replays: bool) -> None:
-    """Load the state's parts into the sampler, the generator and the dataset."""
+    """Load the state's parts into the sampler, the generator and the
+    dataset. An iterable dataset's index sampler repeats one placeholder
+    batch: where it stood changes nothing, so nothing is loaded into it
+    (its saved position is kept for the next save; see ResumePoint)."""
     sampler = view.index_sampler
-    if state["sampler"] is not None and _is_stateful(sampler):
-        sampler.load_state_dict(state["sampler"])
-    if replays:
-        restore_replay_point(sampler, state["replay"], view.flavor)
+    if not view.iterable:
+        if state["sampler"] is not None and _is_stateful(sampler):
+            sampler.load_state_dict(state["sampler"])
+        if replays:
+            restore_replay_point(sampler, state["replay"], view.flavor)
     _restore_generator(view, state["generator_state"])
     if state["dataset_state"] is not None and _is_stateful(view.dataset):
-        view.dataset.load_state_dict(state["dataset_state"])
+        try:
+            view.dataset.load_state_dict(state["dataset_state"])
+        except Exception as exc:
+            exc.add_note(
+                f"(conveyor: raised by {type(view.dataset).__name__}.load_state_dict, loading the state's "
+                f"'dataset_state' given to DataLoader.load_state_dict; the loader is left as it was)"
+            )
+            raise
 
 
 @contextlib.contextmanager

@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .skips import SkippedSample
 
 #: Version of the loader state layout; a state of another version is refused.
 #: 2: the copies of an iterable dataset (workers, or the one in-process) are
@@ -225,59 +224,3 @@ def check_settings(view: LoaderView, saved: Any) -> None:
             {key: mine[key] for key in differing},
             LOADER_FIX,
         )
-
-
-def read_position(state: Mapping[str, Any]) -> tuple[int, bool, Any, int, frozenset]:
-    """(epoch, in_epoch, base_seed, position, delivered_ahead), checked."""
-    epoch, in_epoch, base_seed = state["epoch"], state["in_epoch"], state["base_seed"]
-    position, ahead = state["position"], state["delivered_ahead"]
-    ints = (epoch, position, *ahead) if isinstance(ahead, (list, tuple)) else None
-    if (
-        ints is None
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)
-        or not isinstance(in_epoch, bool)
-        or not (isinstance(base_seed, int) or (base_seed is None and not in_epoch))
-        or any(index <= position for index in ahead)
-    ):
-        raise ValueError(
-            f"DataLoader.load_state_dict: the state's position is malformed: epoch={epoch!r}, "
-            f"in_epoch={in_epoch!r}, base_seed={base_seed!r}, position={position!r}, "
-            f"delivered_ahead={ahead!r}; pass a dict returned by DataLoader.state_dict()"
-        )
-    return epoch, in_epoch, base_seed, position, frozenset(ahead)
-
-
-def read_copies(view: LoaderView, saved: Any) -> Any:
-    """The saved copies of an iterable dataset, checked against this loader's count."""
-    if saved is None:
-        return None
-    count = max(1, view.num_workers)
-    try:
-        states, retired, turn = saved["states"], saved["retired"], saved["next"]
-        ok = (
-            isinstance(states, list)
-            and len(states) == count
-            and all(isinstance(w, int) and 0 <= w < count for w in retired)
-            and isinstance(turn, int)
-            and 0 <= turn < count
-        )
-    except (TypeError, KeyError):
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"DataLoader.load_state_dict: the state's copies do not fit num_workers={view.num_workers}: "
-            f"{saved!r}; pass a dict returned by DataLoader.state_dict() of a loader with the same arguments"
-        )
-    return saved
-
-
-def read_skipped(saved: Any) -> tuple:
-    """The epoch's skipped samples (skip_bad_samples) as a state holds them
-    under the optional key ``skipped``."""
-    try:
-        return tuple(SkippedSample(**record) for record in saved)
-    except TypeError as exc:
-        raise ValueError(
-            f"DataLoader.load_state_dict: the state's skipped samples are not as DataLoader.state_dict() "
-            f"writes them ({exc}); pass a dict it returned"
-        ) from None

@@ -6,6 +6,7 @@ which is what makes a batch the same whatever the number of workers.
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor, wait
 from traceback import format_exception
 from dataclasses import dataclass
@@ -246,10 +247,19 @@ class IterableFetcher:
         self.ended = True
         self.served = 0
         if restore is not None and restore.get("dataset_state") is not None:
-            dataset.load_state_dict(restore["dataset_state"])
+            with self._loading("dataset_state", dataset):
+                dataset.load_state_dict(restore["dataset_state"])
         iterator = iter(dataset)
         if restore is not None and restore.get("iterator_state") is not None:
-            iterator.load_state_dict(restore["iterator_state"])
+            if not callable(getattr(iterator, "load_state_dict", None)):
+                raise ValueError(
+                    f"DataLoader.load_state_dict: the state's 'copies.states[{self.worker_id}].iterator_state' "
+                    f"holds a state, but the iterator {type(dataset).__name__}.__iter__ returned (a "
+                    f"{type(iterator).__name__}) has no load_state_dict; pass a state saved by a loader over "
+                    f"this dataset"
+                )
+            with self._loading("iterator_state", iterator):
+                iterator.load_state_dict(restore["iterator_state"])
         self._iterator = iterator
         self.ended = False
         if restore is None:
@@ -258,6 +268,18 @@ class IterableFetcher:
         self.served = int(restore.get("served", 0))
         if restore.get("dataset_state") is None and restore.get("iterator_state") is None and not self.ended:
             self._skip_items(self.served * (self.spec.batch_size if self.spec.auto_collation else 1))
+
+    @contextlib.contextmanager
+    def _loading(self, key: str, owner: Any) -> Iterator[None]:
+        """Name the state's key in what a user's ``load_state_dict`` raises."""
+        try:
+            yield
+        except Exception as exc:
+            exc.add_note(
+                f"(conveyor: raised by {type(owner).__name__}.load_state_dict, loading the state's "
+                f"'copies.states[{self.worker_id}].{key}' given to DataLoader.load_state_dict)"
+            )
+            raise
 
     def _skip_items(self, count: int) -> None:
         for _ in range(count):

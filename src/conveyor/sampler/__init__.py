@@ -21,7 +21,14 @@ messages; every one can report and restore its position (``state_dict``).
 
 from .batch import BatchSampler
 from .distributed import DistributedSampler, ShardedSampler
-from .replay import batch_fingerprint, replay, replay_point, restore_replay_point  # noqa: F401  (used by loader, state)
+from .replay import (  # noqa: F401  (used by loader, state)
+    batch_fingerprint,
+    fingerprint_problem,
+    replay,
+    replay_point,
+    replay_point_problem,
+    restore_replay_point,
+)
 from .resumable import _has_position  # noqa: F401  (used by state)
 from .samplers import RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler
 from .token_budget import TokenBudgetBatchSampler

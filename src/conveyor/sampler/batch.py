@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from .arguments import _check_bool, _check_int, _check_positive_int
-from .replay import batch_fingerprint, replay, replay_point, restore_replay_point
+from .replay import batch_fingerprint, fingerprint_problem, replay, replay_point, replay_point_problem, restore_replay_point
 from .resumable import _has_position, _Resumable
 from .samplers import Sampler
 
@@ -123,6 +123,8 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
         what it delivered) or raised (a loader that kept the state of the
         iteration's first batch).
         """
+        if isinstance(state, Mapping):  # (what is not a mapping, the check below refuses)
+            self._check_parts(state)
         super().load_state_dict(state)
         inner, point = state.get("sampler"), state.get("replay")
         if self._resume is not None:
@@ -136,6 +138,24 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
             inner = {**inner, "position": self._items_behind(state["position"], inner)}
             self._resume.record = {**self._resume.record, "sampler": inner}
         self.sampler.load_state_dict(inner)  # type: ignore[union-attr]
+
+    def _check_parts(self, state: Mapping[str, Any]) -> None:
+        """Refuse, naming the key, what this sampler keeps of its inner
+        sampler that cannot be loaded (before anything is loaded)."""
+        inner = state.get("sampler")
+        problems = {
+            "first_batch": fingerprint_problem(state.get("first_batch")),
+            "replay": replay_point_problem(self.sampler, state.get("replay"), self._flavor),
+            "sampler": None if inner is None or isinstance(inner, Mapping) else f"is {inner!r}, where the inner sampler's state (a dict) or None belongs",
+        }
+        if isinstance(inner, Mapping) and "num_samples" in inner and not (
+            _is_int_value(inner["num_samples"]) and inner["num_samples"] >= 0
+        ):
+            problems["sampler"] = f"has num_samples {inner['num_samples']!r}, where an int >= 0 belongs"
+        for key, problem in problems.items():
+            if problem is not None:
+                kind = type(self).__name__
+                raise ValueError(f"{kind}.load_state_dict: the state's {key!r} {problem}; pass a dict returned by {kind}.state_dict()")
 
     def _items_behind(self, batches: int, inner: Mapping[str, Any]) -> int:
         """Inner items handed out for the first ``batches`` batches: all full

@@ -10,7 +10,7 @@ are wrapped by :mod:`conveyor.rng`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 from conveyor.rng import TorchSource, draw_seed, source_for
 
@@ -83,6 +83,27 @@ class _Draws:
         source.set_state(record["state"])
         return source
 
+    def record_problem(self, generator: Any, record: Any, in_iteration: bool) -> Optional[str]:
+        """Why ``record`` (a state's ``rng``) cannot replay a draw for
+        ``generator`` (None: it can), found without loading it: a record of
+        the generator's state, tried on a scratch generator, or a seed."""
+        if record is None and not in_iteration:
+            return None  # (between iterations: nothing drawn ahead)
+        if not isinstance(record, Mapping):
+            return f"is {record!r}, where a record of the draw (a dict) belongs"
+        if generator is not None:
+            source = self.own(generator)
+        elif self._reseeds(generator):
+            seed = record.get("seed")
+            ok = isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 1 << 64
+            return None if ok else f"has seed {seed!r}, where a seed drawn by the sampler (an int in [0, 2**64)) belongs"
+        else:
+            source = TorchSource.from_seed(0)
+        if "state" not in record:
+            return "lacks the generator's 'state'"
+        problem = source.state_problem(record["state"])
+        return None if problem is None else f"holds a 'state' that does not fit: {problem}"
+
     def idle_record(self, generator: Any) -> Any:
         if generator is None:
             return self._pinned
@@ -122,6 +143,9 @@ class _DrawsFromGenerator(_Resumable):
 
     def _restore_idle(self, record: Any) -> None:
         self._draws().restore_idle(self.generator, record)
+
+    def _record_problem(self, record: Any, in_iteration: bool) -> Optional[str]:
+        return self._draws().record_problem(self.generator, record, in_iteration)
 
     def pin_next_draw(self) -> None:
         """Draw what the next iteration draws from the global generator now

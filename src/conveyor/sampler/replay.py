@@ -26,6 +26,13 @@ def batch_fingerprint(batch: Any) -> str:
     return f"{zlib.crc32(text.encode()):08x}"
 
 
+def fingerprint_problem(value: Any) -> str | None:
+    """Why ``value`` is not what :func:`batch_fingerprint` gives (None: it is, or it is None)."""
+    if value is None or (isinstance(value, str) and len(value) == 8 and all(c in "0123456789abcdef" for c in value)):
+        return None
+    return f"is {value!r}, where a batch's fingerprint (8 hex digits) or None belongs"
+
+
 def replay(batches: Iterator[Any], skip: int, fingerprint: str | None, what: str) -> Iterator[Any]:
     """``batches`` without their first ``skip``, which are drawn to put the
     sampler where it was. The first batch must be the saved run's (its
@@ -59,6 +66,29 @@ def replay_point(sampler: Any, flavor: str) -> Any:
         point = replay_point(inner, flavor)
         return None if point is None else {"inner": point}
     return None
+
+
+def replay_point_problem(sampler: Any, point: Any, flavor: str) -> str | None:
+    """Why :func:`restore_replay_point` could not put ``sampler`` back with
+    ``point`` (None: it can), found without changing anything. A sampler
+    state is left to the sampler's own ``load_state_dict``, which checks
+    before it loads."""
+    if point is None:
+        return None
+    if not isinstance(point, Mapping) or len(point) != 1 or not {"state", "generator", "inner"} >= set(point):
+        return f"is {point!r}, where a replay point (a dict of one of 'state', 'generator', 'inner') belongs"
+    if "state" in point:
+        stateful = callable(getattr(sampler, "load_state_dict", None))
+        return None if stateful else f"holds a state for {type(sampler).__name__}, which has no load_state_dict"
+    if "generator" in point:
+        generator = getattr(sampler, "generator", None)
+        if not (isinstance(generator, np.random.Generator) or is_torch_generator(generator)):
+            return f"holds a generator's state, but {type(sampler).__name__} has no generator"
+        return source_for(generator, flavor).state_problem(point["generator"])
+    inner = getattr(sampler, "sampler", None)
+    if inner is None or inner is sampler:
+        return f"holds an inner sampler's point, but {type(sampler).__name__} has no inner sampler"
+    return replay_point_problem(inner, point["inner"], flavor)
 
 
 def restore_replay_point(sampler: Any, point: Any, flavor: str) -> None:

@@ -186,6 +186,11 @@ class _Resumable:
     def _max_position(self) -> int | None:
         return None
 
+    def _record_problem(self, record: Any, in_iteration: bool) -> str | None:
+        """Why a state's ``rng`` record cannot replay this sampler's draw
+        (None: it can); checked before anything is loaded."""
+        return None
+
     # -- iteration ---------------------------------------------------------
 
     def _start(self) -> tuple[_Cursor, Any]:
@@ -257,6 +262,12 @@ class _Resumable:
         if limit is not None and position > limit:
             what = "the saved position is past the end of an iteration."
             raise _state_error(kind, what, {"position": position}, {"len": limit})
+        problem = self._record_problem(record, in_iteration)
+        if problem is not None:
+            raise ValueError(
+                f"{kind}.load_state_dict: the state's 'rng' {problem}; pass a dict returned by {kind}.state_dict() "
+                f"of a sampler built the same way"
+            )
         self._cursor = None
         self.epoch = epoch
         self._resume = _Resume(epoch, position, record) if in_iteration else None

@@ -9,7 +9,7 @@ and are resumable at any item (:mod:`.resumable`); the random ones draw as
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence, Sized
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Optional, TypeVar
 
 import numpy as np
 
@@ -181,6 +181,9 @@ class RandomSampler(_DrawsFromGenerator, Sampler[int]):
     def _restore_idle(self, record: Any) -> None:
         if self.seed is None:
             super()._restore_idle(record)
+
+    def _record_problem(self, record: Any, in_iteration: bool) -> Optional[str]:
+        return None if self.seed is not None else super()._record_problem(record, in_iteration)
 
     def _max_position(self) -> int:
         return int(self.num_samples)
