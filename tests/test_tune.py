@@ -206,14 +206,14 @@ def test_advice_for_a_setting_the_sweep_measured_and_did_not_choose_gives_the_me
     assert rec.workers == 1
     said = advise(rec, results)
     assert "num_workers=2" not in said
-    assert "2 workers, prefetch 2: 756 samples/s, as fast within the noise" in said
+    assert "2 workers, prefetch 2: 756 samples/s at the median, 740-790 over its rounds, as fast within the noise" in said
     assert "fetch (90% of loading time)" in said
 
 
 def test_advice_to_raise_prefetch_is_replaced_when_a_larger_prefetch_was_measured():
     results = [setting(2, 2, 100, 101, advice=ADVICE[2]), setting(2, 4, 101, 102)]
     said = advise(recommend(results), results)
-    assert "prefetch_factor" not in said and "2 workers, prefetch 4: 102 samples/s" in said
+    assert "prefetch_factor" not in said and "2 workers, prefetch 4: 102 samples/s at the median" in said
 
 
 def test_advice_beyond_the_sweep_is_kept_and_says_it_was_not_measured():
@@ -244,7 +244,7 @@ def test_the_advice_never_asks_for_a_measured_setting_other_than_the_recommended
             assert max(r.prefetch for r in results if r.workers == rec.workers) <= rec.prefetch
         else:
             assert all(r.workers == 0 for r in results)
-    printed = tune_report.describe(recommend(results), results, step_ms=5)
+    printed = tune_report.describe_bound(recommend(results), results, step_ms=5)
     if "advice: " in printed:
         assert printed.split("advice: ", 1)[1] == said  # the printed advice is this one
 
@@ -291,6 +291,21 @@ def test_a_round_delivers_at_least_twice_the_batches_in_flight():
     options = tune_sweep.SweepOptions(rounds=3, seconds=1.0, min_batches=20, step_s=0.0, max_seconds=9, budget=None)
     assert options.round_batches(Result(0, None, None)) == 20
     assert options.round_batches(Result(4, 8, None)) == 64
+
+
+def test_rounds_take_turns_over_the_settings_every_other_one_backwards(monkeypatch):
+    monkeypatch.setattr(tune_sweep, "MIN_ROUND_S", 0.0)  # fake loaders: no verdict to wait for
+    order = []
+
+    def build(setting):
+        order.append(setting.workers)
+        return FakeLoader(per_pass=4)
+
+    options = tune_sweep.SweepOptions(rounds=3, seconds=0.0, min_batches=1, step_s=0.0, max_seconds=60, budget=None)
+    seen = []
+    results = tune_sweep.sweep(tune_sweep.plan([0, 1, 2], [2], [None]), build, options, lambda n, rs: seen.append(n))
+    assert order == [0, 1, 2, 2, 1, 0, 0, 1, 2] and seen == [1, 2, 3]
+    assert [len(r.rounds) for r in results] == [3, 3, 3]
 
 
 def test_default_workers_double_up_to_twice_the_cores():

@@ -5,8 +5,9 @@ returns is loaded with DataLoader(dataset, batch_size=--batch-size, shuffle=True
 conveyor.torch's); a conveyor DataLoader it returns keeps all its arguments but num_workers,
 prefetch_factor and batch_size (--batch-sizes).
 
-How it measures: each setting runs --rounds times, the settings taking turns, so that load
-from other programs that comes and goes falls on all of them alike. A round is a fresh
+How it measures: each setting runs --rounds times, the settings taking turns (every other
+round in reverse order), so that load from other programs that comes and goes falls on all
+of them alike. A round is a fresh
 loader. Its first batch is left out of the rates (it is the "first batch" column); then come
 batches, each followed by --step-ms of sleep (your training step), for the setting's share of
 --seconds and at least --min-batches batches and twice the batches in flight, over as many
@@ -39,7 +40,7 @@ from ..stats.verdict import MIN_BATCHES
 from .factory import FactoryError, load_factory
 from .tune_choice import recommend
 from .tune_measure import TuneError, available_bytes, loader_builder, tree_memory_bytes
-from .tune_report import describe, format_round, format_row, load_average, noise_note, write_outputs
+from .tune_report import describe_bound, describe_choice, format_round, format_row, load_average, noise_note, write_outputs
 from .tune_sweep import SweepOptions, default_workers, plan, sweep
 
 #: The default --max-rss-gb: this share of what is free at start plus what
@@ -129,9 +130,11 @@ def _run(args: argparse.Namespace) -> int:
     if done < options.rounds:
         print(f"  --max-seconds {options.max_seconds:g} reached after {done} of {options.rounds} rounds")
     rec = recommend(results)
-    print(describe(rec, results, args.step_ms))
+    print(describe_choice(rec, results))
     if note := noise_note(results, loads, cores):
         print(note)
+    if rec is not None:
+        print(describe_bound(rec, results, args.step_ms))
     if args.out is not None:
         write_outputs(args.out, args.factory, loader, options, results, rec, loads)
     return 0 if rec is not None else 1

@@ -141,15 +141,19 @@ def advise(rec: Result, results: list[Result]) -> str:
         return advice
     tied = ties(results)
 
+    def rates(r: Result) -> str:
+        low, high = r.rate_range
+        return f"{r.samples_per_s:,.0f} samples/s at the median, {low:,.0f}-{high:,.0f} over its rounds"
+
     def finding(r: Result) -> str:
         how = "as fast within the noise" if r in tied else "slower than the fastest beyond the noise"
-        return f"{_setting_words(r)}: {r.samples_per_s:,.0f} samples/s, {how}"
+        return f"{_setting_words(r)}: {rates(r)}, {how}"
 
     fastest_two = sorted(against, key=lambda r: -r.samples_per_s)[:2]  # evidence enough
     text = (
         f"the stats of this setting alone suggest another, but the sweep measured it: "
         + "; ".join(map(finding, fastest_two))
-        + f" (this one: {rec.samples_per_s:,.0f} samples/s)"
+        + f" (this one: {rates(rec)})"
     )
     if any(r in tied for r in against) and middle is not None and middle.slowest_stage is not None:
         text += (

@@ -69,8 +69,8 @@ def format_round(number: int, rounds: int, results: list[Result]) -> str:
     return f"  round {number} of {rounds}: samples/s " + " ".join(rates)
 
 
-def describe(rec: Optional[Result], results: list[Result], step_ms: float) -> str:
-    """The recommendation with its spread, the settings it ties with, and whether training would wait for data."""
+def describe_choice(rec: Optional[Result], results: list[Result]) -> str:
+    """The recommendation with its spread, the settings it ties with, and the noise that made them tie."""
     if rec is None:
         return "no setting was measured: raise --max-seconds or --max-rss-gb, or check that the loader yields batches"
     low, high = rec.rate_range
@@ -84,16 +84,20 @@ def describe(rec: Optional[Result], results: list[Result], step_ms: float) -> st
         more = f" and {len(others) - _TIES_NAMED} more" if len(others) > _TIES_NAMED else ""
         text += f"\n  as fast within the noise: {named}{more}; the fewest workers, then the smallest prefetch, then "
         text += "the least memory win a tie"
-    text += (
+    return text + (
         f"\n  (noise: the slowest and fastest rounds of a setting differ by {noise(results):.0%} of its median, "
         f"at the median over the settings; {tie_rule(results)})"
     )
+
+
+def describe_bound(rec: Result, results: list[Result], step_ms: float) -> str:
+    """Whether training would wait for data with ``rec``, and, if so, the advice (see ``tune_choice.advise``)."""
     wait = rec.data_wait_fraction
     if not step_ms:
-        return text + "\n  (no --step-ms: the loop only waits for data; pass your step's time to see if training would)"
+        return "  (no --step-ms: the loop only waits for data; pass your step's time to see if training would)"
     if wait > INPUT_BOUND_WAIT:
-        return text + f"\ninput-bound even so: the loop waits for data {wait:.0%} of the time\nadvice: {advise(rec, results)}"
-    return text + f"\ncompute-bound: the loop waits for data {wait:.0%} of the time, all a faster loader could gain"
+        return f"input-bound even so: the loop waits for data {wait:.0%} of the time\nadvice: {advise(rec, results)}"
+    return f"compute-bound: the loop waits for data {wait:.0%} of the time, all a faster loader could gain"
 
 
 def load_average() -> Optional[float]:

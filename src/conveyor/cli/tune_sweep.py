@@ -1,8 +1,8 @@
 """The settings ``conveyor tune`` tries, and the order and budgets it measures them in.
 
-    plan() ─▶ settings ─▶ sweep(): round 1 over every setting, round 2 over every setting, ...
-                                   (interleaved, so a load that comes and goes on the machine
-                                    falls on every setting alike, not on one)
+    plan() ─▶ settings ─▶ sweep(): round 1 over every setting, round 2 over every setting
+                                   backwards, round 3 forwards, ... (interleaved, so a load that
+                                   comes and goes on the machine falls on every setting alike)
 
 A setting is skipped in round 1 when one with no more workers and no more prefetch went over
 the memory budget, when the memory per worker seen so far predicts it would, or when its round
@@ -132,7 +132,10 @@ def sweep(
     for number in range(1, options.rounds + 1):
         if number > 1 and not books.next_round_fits():
             break
-        for place, setting in enumerate(books.results):
+        places = range(len(books.results))
+        # Every other round runs backwards, so that no setting always comes first or last in a round.
+        for place in places if number % 2 else reversed(places):
+            setting = books.results[place]
             if number == 1 and (skipped := books.first_round_skip(setting)) is not None:
                 books.results[place] = skipped
             elif setting.status == "measured":
