@@ -7,19 +7,21 @@ prefetch_factor and batch_size (--batch-sizes).
 
 How it measures: each setting runs --rounds times, the settings taking turns (every other
 round in reverse order), so that load from other programs that comes and goes falls on all
-of them alike. A round is a fresh
-loader. Its first batch is left out of the rates (it is the "first batch" column); then come
-batches, each followed by --step-ms of sleep (your training step), for the setting's share of
---seconds and at least --min-batches batches and twice the batches in flight, over as many
-passes as that takes (workers are kept between passes). A round lasts 0.6 s at least, long
-enough for the stats' verdict, which gives the advice. A setting's samples/s is the median of
-its rounds, shown with the slowest and the fastest round.
+of them alike. A round is a fresh loader. Its first batch is left out of the rates (it is the
+"first batch" column); then come batches, each followed by --step-ms of sleep (your training
+step), for the setting's share of --seconds and at least --min-batches batches and twice the
+batches in flight, over as many passes as that takes (workers are kept between passes). A
+round lasts 0.6 s at least, long enough for the stats' verdict, which gives the advice. A
+setting's samples/s are shown as its best round, the median and the slowest; its other
+figures are medians over its rounds.
 
-How it chooses: the noise is how much one setting's rounds disagree (the median over the
-settings of (fastest - slowest) / median). Settings within the noise, and at least 5%, of
-the fastest median tie; of those, the one with the fewest workers, then the smallest
-prefetch, then the least memory is recommended. The advice printed with it never asks for a
-setting the sweep measured and did not recommend.
+How it chooses: settings are compared by their best round. Other programs can only slow a
+round down, so the fastest round is the nearest to what a setting can do, and taking turns
+gives each setting its chances at the quieter moments. The noise is how far a setting's best
+round stands above its next best (the median over the settings). Settings whose best is within
+the noise, and at least 10%, of the fastest tie; of those, the one with the fewest workers,
+then the smallest prefetch, then the least memory is recommended. The advice printed with it
+never asks for a setting the sweep measured and did not recommend.
 
 Budgets: a setting is skipped when one with no more workers and no more prefetch went over
 --max-rss-gb, when the memory per worker seen so far predicts it would, or when it would

@@ -5,6 +5,12 @@
     the verdict on the recommended setting ──advise()──▶ advice that never asks for a setting the
                                                          sweep measured and did not recommend
 
+Settings are compared by their best round. Other programs on the machine can only slow a round
+down, never speed it up, so a setting's fastest round is the nearest to what it can do; the
+rounds take turns, so each setting has its chances at the machine's quieter moments. (The
+median, what the machine gave during the sweep, is reported beside it.) The noise is how far
+that best stands above the setting's next round: how much one lucky round could have lifted it.
+
 Pure functions of the numbers: the tests feed them made-up measurements.
 """
 
@@ -17,9 +23,10 @@ from typing import Optional
 from ..stats.verdict import MIN_BATCHES, MIN_STEADY_S
 from .tune_measure import Result
 
-#: Settings whose median rates differ by less than this share always tie, however quiet the
-#: machine: a gain this small is not worth another worker's memory.
-NEAR_BEST = 0.05
+#: Settings whose best rates differ by less than this share always tie, however quiet the
+#: machine: a round begins with about one batch per extra worker already loaded, which lifts
+#: the rates of more workers by a few percent; and a smaller gain is not worth a worker's memory.
+NEAR_BEST = 0.10
 
 
 def measured(results: list[Result]) -> list[Result]:
@@ -28,44 +35,42 @@ def measured(results: list[Result]) -> list[Result]:
 
 
 def noise(results: list[Result]) -> float:
-    """How much one setting's rounds typically disagree: the median, over the settings measured
-    in at least two rounds, of (fastest round - slowest round) / median round; 0 without such a setting.
+    """How far a setting's best round typically stands above its next best: the median, over the
+    settings measured in at least two rounds, of (best - second best) / best; 0 without such a setting.
 
     >>> from conveyor.cli.tune_measure import Round
     >>> def setting(workers, *rates):
     ...     return Result(workers, 2, None, rounds=tuple(Round(rate) for rate in rates))
-    >>> noise([setting(1, 90, 100, 110), setting(2, 190, 200, 200), setting(3, 200, 200, 200)])
-    0.05
+    >>> noise([setting(1, 50, 90, 100), setting(2, 150, 200, 200), setting(3, 100, 180, 200)])
+    0.1
     """
-    spreads = []
+    gaps = []
     for r in measured(results):
         if len(r.rounds) >= 2:
-            low, high = r.rate_range
-            spreads.append((high - low) / r.samples_per_s)
-    return statistics.median(spreads) if spreads else 0.0
+            best, second = sorted(x.samples_per_s for x in r.rounds)[-1:-3:-1]
+            gaps.append((best - second) / best)
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def tolerance(results: list[Result]) -> float:
-    """The share of the fastest median rate within which settings tie: the noise, and at least NEAR_BEST."""
+    """The share of the fastest best rate within which settings tie: the noise, and at least NEAR_BEST."""
     return max(NEAR_BEST, noise(results))
 
 
 def tie_rule(results: list[Result]) -> str:
-    """The tie rule in force, in words, e.g. "settings within 12% of the fastest median tie (the noise)"."""
+    """The tie rule in force, in words, e.g. "settings within 12% of the fastest tie (the noise)"."""
     tol = tolerance(results)
-    if tol >= 1:
-        return "every setting ties (the noise is as large as the fastest median)"
     why = "the noise" if tol > NEAR_BEST else f"{NEAR_BEST:.0%} at least, more than the noise"
-    return f"settings within {tol:.0%} of the fastest median tie ({why})"
+    return f"settings whose best round is within {tol:.0%} of the fastest tie ({why})"
 
 
 def ties(results: list[Result]) -> list[Result]:
-    """The measured settings whose median rate is within :func:`tolerance` of the fastest median, fastest first."""
-    candidates = sorted(measured(results), key=lambda r: -r.samples_per_s)
+    """The measured settings whose best rate is within :func:`tolerance` of the fastest one's, fastest first."""
+    candidates = sorted(measured(results), key=lambda r: -r.best_samples_per_s)
     if not candidates:
         return []
-    floor = (1 - tolerance(results)) * candidates[0].samples_per_s
-    return [r for r in candidates if r.samples_per_s >= floor]
+    floor = (1 - tolerance(results)) * candidates[0].best_samples_per_s
+    return [r for r in candidates if r.best_samples_per_s >= floor]
 
 
 def leanness(r: Result) -> tuple:
@@ -143,13 +148,13 @@ def advise(rec: Result, results: list[Result]) -> str:
 
     def rates(r: Result) -> str:
         low, high = r.rate_range
-        return f"{r.samples_per_s:,.0f} samples/s at the median, {low:,.0f}-{high:,.0f} over its rounds"
+        return f"best round {high:,.0f} samples/s, median {r.samples_per_s:,.0f}, slowest {low:,.0f}"
 
     def finding(r: Result) -> str:
         how = "as fast within the noise" if r in tied else "slower than the fastest beyond the noise"
         return f"{_setting_words(r)}: {rates(r)}, {how}"
 
-    fastest_two = sorted(against, key=lambda r: -r.samples_per_s)[:2]  # evidence enough
+    fastest_two = sorted(against, key=lambda r: -r.best_samples_per_s)[:2]  # evidence enough
     text = (
         f"the stats of this setting alone suggest another, but the sweep measured it: "
         + "; ".join(map(finding, fastest_two))

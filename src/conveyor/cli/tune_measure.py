@@ -57,7 +57,8 @@ class Round:
 
 @dataclass(frozen=True)
 class Result:
-    """One setting of the sweep and its rounds; the figures it reports are medians over them."""
+    """One setting of the sweep and its rounds: the figures it reports are medians over them,
+    with the slowest and the best round's rate (by which settings are compared)."""
 
     workers: int
     prefetch: Optional[int]  # None with 0 workers (the main process loads)
@@ -78,6 +79,12 @@ class Result:
     def samples_per_s(self) -> Optional[float]:
         """The median round's rate (None before any round)."""
         return self._median("samples_per_s")
+
+    @property
+    def best_samples_per_s(self) -> Optional[float]:
+        """The fastest round's rate: what the setting does when the rest of the machine lets it."""
+        rates = self.rate_range
+        return rates[1] if rates else None
 
     @property
     def rate_range(self) -> Optional[tuple[float, float]]:

@@ -1,7 +1,7 @@
 """What ``conveyor tune`` prints and writes: the table, the recommendation and its advice, tune.json, tune.png.
 
-Every rate is a median over a setting's rounds, shown with the slowest and fastest round; every
-share is within [0, 100%] (the measured ones are kept there by ``tune_measure.Round``).
+A setting's rates are its best round (which the choice compares), the median and the slowest of
+its rounds; its shares are medians of the stats' own, which stay within [0, 100%].
 """
 
 from __future__ import annotations
@@ -37,18 +37,14 @@ def _percent(fraction: Optional[float]) -> Optional[float]:
     return None if fraction is None else 100 * fraction
 
 
-def _range(r: Result) -> str:
-    rates = r.rate_range
-    return "-" if rates is None else f"{rates[0]:,.0f}-{rates[1]:,.0f}"
-
-
 #: (header, width, the cell of a Result) for each column of the table.
 _COLUMNS: list[tuple[str, int, Callable[[Result], str]]] = [
     ("workers", 7, lambda r: str(r.workers)),
     ("prefetch", 8, lambda r: str(r.prefetch) if r.workers else "-"),
     ("batch", 5, lambda r: str(r.batch_size)),
-    ("samples/s", 9, lambda r: _cell(r.samples_per_s, ",.0f")),
-    ("(min-max)", 13, _range),
+    ("samples/s best", 14, lambda r: _cell(r.best_samples_per_s, ",.0f")),
+    ("median", 7, lambda r: _cell(r.samples_per_s, ",.0f")),
+    ("slowest", 7, lambda r: _cell(r.rate_range and r.rate_range[0], ",.0f")),
     ("data wait %", 11, lambda r: _cell(_percent(r.data_wait_fraction), ".0f")),
     ("workers busy %", 14, lambda r: _cell(_percent(r.workers_busy_fraction), ".0f")),
     ("first batch s", 13, lambda r: _cell(r.first_batch_s, ".2f")),
@@ -75,18 +71,18 @@ def describe_choice(rec: Optional[Result], results: list[Result]) -> str:
         return "no setting was measured: raise --max-seconds or --max-rss-gb, or check that the loader yields batches"
     low, high = rec.rate_range
     text = (
-        f"recommended: {rec.label()}: {rec.samples_per_s:,.1f} samples/s (median of {len(rec.rounds)} rounds, "
-        f"{low:,.0f}-{high:,.0f}), data wait {rec.data_wait_fraction:.0%}"
+        f"recommended: {rec.label()}: best round {high:,.0f} samples/s, median {rec.samples_per_s:,.0f}, slowest "
+        f"{low:,.0f} ({len(rec.rounds)} rounds); data wait {rec.data_wait_fraction:.0%}"
     )
     others = sorted((r for r in ties(results) if r is not rec), key=leanness)
     if others:
-        named = ", ".join(f"{r.label()} ({r.samples_per_s:,.0f})" for r in others[:_TIES_NAMED])
+        named = ", ".join(f"{r.label()} (best {r.best_samples_per_s:,.0f})" for r in others[:_TIES_NAMED])
         more = f" and {len(others) - _TIES_NAMED} more" if len(others) > _TIES_NAMED else ""
         text += f"\n  as fast within the noise: {named}{more}; the fewest workers, then the smallest prefetch, then "
         text += "the least memory win a tie"
     return text + (
-        f"\n  (noise: the slowest and fastest rounds of a setting differ by {noise(results):.0%} of its median, "
-        f"at the median over the settings; {tie_rule(results)})"
+        f"\n  (noise: a setting's best round stands {noise(results):.0%} above its next best, at the median over "
+        f"the settings; {tie_rule(results)})"
     )
 
 
@@ -161,7 +157,8 @@ def _waits(r: Result) -> tuple[float, float]:
 
 def plot(results: list[Result], rec: Optional[Result], path: Path) -> None:
     """samples/s (top) and data wait % (bottom) against num_workers, a line per prefetch (and batch size):
-    each point the median of its rounds, its error bar their min-max."""
+    each point the median of its rounds, its error bar from the slowest to the best; a star on the
+    recommended setting's best round (samples/s) and median (data wait)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure  # not pyplot: no global backend to set, no GUI
 
@@ -189,10 +186,14 @@ def plot(results: list[Result], rec: Optional[Result], path: Path) -> None:
     if rec is not None:
         star = dict(marker="*", markersize=18, color="red", linestyle="")
         x = rec.workers + (shifts.get((rec.prefetch, rec.batch_size), 0.0) if rec.workers else 0.0)
-        rate.plot([x], [rec.samples_per_s], label=f"recommended: {rec.label()}", **star)
+        rate.plot([x], [rec.best_samples_per_s], label=f"recommended: {rec.label()}", **star)
         wait.plot([x], [_percent(rec.data_wait_fraction)], **star)
     rounds = max((len(r.rounds) for r in shown), default=0)
-    rate.set(title=f"conveyor tune: median of {rounds} rounds, bars min-max", ylabel="samples/s", ylim=(0, None))
+    rate.set(
+        title=f"conveyor tune: median of {rounds} rounds, bars from the slowest to the best\n"
+        "(settings are compared by their best round)",
+        ylabel="samples/s", ylim=(0, None),
+    )  # fmt: skip
     wait.set(xlabel="num_workers", ylabel="data wait %", ylim=(0, 105), xticks=sorted({r.workers for r in shown}))
     if shown:
         rate.legend(fontsize="small")
@@ -235,6 +236,7 @@ def write_outputs(
         "results": [r.to_dict() for r in results],
         "noise": noise(results) if measured(results) else None,
         "tie_tolerance": tolerance(results) if measured(results) else None,
+        "compared_by": "samples_per_s_max",  # each setting's best round
         "recommendation": recommendation,
     }
     (out / "tune.json").write_text(json.dumps(report, indent=2) + "\n")
