@@ -891,3 +891,82 @@ def test_unpicklable_argument_fails_before_any_worker_starts(method, case, proce
     assert path in message, f"the error should name {path}: {message}"
     assert type_name in message, f"the error should name the type {type_name}: {message}"
     assert re.search(r"lazily|__getstate__|worker_init_fn|multiprocessing_context='fork'", message), message
+
+
+# ------------------------------------------------- a worker that dies while starting
+UNGUARDED_SCRIPT = """
+import conveyor
+loader = conveyor.DataLoader(list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="forkserver")
+print([b.tolist() for b in loader])
+"""
+
+DIE_AT_START = """
+import os, sys
+if os.environ.get("DIE_AT_START") and b"spawn_main" in open("/proc/self/cmdline", "rb").read():
+    sys.stderr.write("this worker cannot start: no licence file\\n")
+    sys.stderr.flush()
+    os._exit(3)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_script_without_a_main_guard_under_forkserver_says_so():
+    """multiprocessing's forkserver runs the main script again in each
+    worker; a script without ``if __name__ == "__main__":`` then fails in
+    the worker's start. The error carries the worker's own text and the fix."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        script = os.path.join(folder, "train.py")
+        with open(script, "w") as f:
+            f.write(UNGUARDED_SCRIPT)
+        done = subprocess.run([sys.executable, script], env=script_env(), capture_output=True, text=True, timeout=100)
+    assert done.returncode != 0
+    error = done.stderr[done.stderr.rindex("WorkerDiedError"):]
+    assert "died while starting, under forkserver" in error, error
+    assert "What it printed while starting:" in error and "bootstrapping phase" in error, error
+    assert 'if __name__ == "__main__":' in error, error
+    assert "It was loading batch" not in error, error
+
+
+@pytest.mark.timeout(120)
+def test_a_spawn_worker_that_dies_while_starting_carries_what_it_printed(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(DIE_AT_START)
+    script = write_script(
+        tmp_path,
+        """
+        if __name__ == "__main__":
+            loader = conveyor.DataLoader(Squares(8), batch_size=2, num_workers=1, multiprocessing_context="spawn")
+            print(list(loader))
+        """,
+    )
+    env = script_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    env["DIE_AT_START"] = "1"
+    done = subprocess.run([sys.executable, script, "spawn", str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=100)  # fmt: skip
+    assert done.returncode != 0
+    assert "exited unexpectedly with exit code 3" in done.stderr and "died while starting, under spawn" in done.stderr
+    assert "What it printed while starting:\nthis worker cannot start: no licence file" in done.stderr, done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_what_a_spawn_worker_prints_while_starting_still_reaches_stderr(tmp_path):
+    """Kept apart while the worker starts, what it prints (a warning at
+    import, say) is handed on to the main process's stderr once it has."""
+    (tmp_path / "sitecustomize.py").write_text(
+        'import sys\nif "spawn_main" in open("/proc/self/cmdline").read():\n    sys.stderr.write("hello from the start\\n")\n'
+    )
+    script = write_script(
+        tmp_path,
+        """
+        if __name__ == "__main__":
+            loader = conveyor.DataLoader(Squares(8), batch_size=2, num_workers=1, multiprocessing_context="spawn")
+            print(len(list(loader)))
+        """,
+    )
+    env = script_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "4" and "hello from the start" in done.stderr, done.stderr

@@ -256,6 +256,29 @@ def death_error(pid: int, exitcode: Optional[int], worker_id: int, doing: str, c
     return WorkerDiedError(text)
 
 
+#: What Python prints when a process started by multiprocessing runs the
+#: parent's main script again and that script starts processes itself.
+_UNGUARDED_MAIN = ("bootstrapping phase", "freeze_support()")
+
+
+def start_death_error(pid: int, exitcode: Optional[int], worker_id: int, method: str, printed: str) -> WorkerDiedError:
+    """A worker that died while starting, before it could report: how, and
+    what it printed then (its own error), with the fix when it is the
+    classic one (a script without ``if __name__ == "__main__":``)."""
+    text = f"{describe_exit(pid, exitcode)} (conveyor: worker {worker_id} died while starting, under {method}, before it was ready.)"
+    if printed:
+        text += f"\nWhat it printed while starting:\n{printed}"
+    else:
+        text += " It printed nothing conveyor could keep; look for its error in this process's stderr."
+    if any(mark in printed for mark in _UNGUARDED_MAIN):
+        text += (
+            f"\nFix: under {method}, each worker runs your main script again before it starts. Put the code "
+            f"that builds and iterates the DataLoader under `if __name__ == \"__main__\":` (or use "
+            f"multiprocessing_context=\"spawn\": conveyor's spawn workers do not run your script again)."
+        )
+    return WorkerDiedError(text)
+
+
 def transport_error(doing: str, what: str, worker: str, cause: BaseException, where: str = "") -> TransportError:
     """A message that could not cross: ``doing`` ("could not send the task
     of") ``what`` ("batch 3 (sample indices [6, 7])") for/from ``worker``;

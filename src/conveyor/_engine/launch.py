@@ -7,6 +7,15 @@
                 re-imported, so a script that imports torch does not make
                 numpy-only workers import it, and workers start fast)
 
+A worker that dies while starting, before it can send its own report
+(Python fails to start, the user's script run again by multiprocessing's
+forkserver raises), leaves what it printed in its stack file
+(``stacks.StackFile``), which the main process puts into the error: under
+spawn the file is the child's stderr until its config has loaded; under
+forkserver it is the first descriptor the child inherits, and conveyor,
+imported by the script run again, copies the exception there
+(:func:`_keep_start_failures`).
+
 Each start gives a :class:`WorkerProcess` with a pid, a waitable sentinel, an
 exit code, and ``kill``/``join``. The sentinel of a fork or forkserver worker
 is multiprocessing's; a spawn worker's is a pidfd where Linux has one, else
@@ -22,6 +31,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import traceback
 import weakref
 from multiprocessing import reduction
 from typing import Any, Optional
@@ -186,6 +196,8 @@ def start_worker(
         proc = ctx.Process(
             target=_forkserver_entry,
             args=(
+                # First: the child finds it among its inherited descriptors before it runs anything of ours.
+                _PassedFd(config.fds.stack) if config.fds.stack is not None else -1,
                 portable.LINUX_PATHS,
                 config.worker_id,
                 _PickledWhileStarting(config),
@@ -201,19 +213,66 @@ def start_worker(
         return WorkerProcess(proc.pid, proc.sentinel, proc)
     if method == "spawn":
         shared = tuple(fd for fd in config.fds.as_tuple() if fd >= 0)
-        return _spawn(config.worker_id, channels, shared + tuple(fd for fd in payload_fds if fd not in shared))
+        payload_only = tuple(fd for fd in payload_fds if fd not in shared)
+        return _spawn(config.worker_id, channels, shared + payload_only, config.fds.stack)
     raise ValueError(f"unknown start method {method!r}; expected one of {START_METHODS}")
 
 
-def _forkserver_entry(linux_paths: bool, *args: Any) -> None:
+def _forkserver_entry(stack_fd: int, linux_paths: bool, *args: Any) -> None:
     """A forkserver worker takes its main process's side of the portable
     switch (the forkserver itself may have started under another)."""
+    if stack_fd >= 0:
+        os.close(stack_fd)  # (a second copy of the stack file: the config names the one it uses)
     portable.LINUX_PATHS = linux_paths
     pickled_entry(*args)
 
 
-def _spawn(worker_id: int, channels: Channels, shared_fds: tuple) -> WorkerProcess:
+#: Stack files are named so (``portable.scratch_file("stack")``), which is how
+#: a forkserver child knows the descriptor it inherited first is one.
+_STACK_FILE_MARK = "conveyor-stack"
+
+
+def _keep_start_failures() -> None:
+    """In a process that multiprocessing's forkserver is starting as a
+    conveyor worker (its parent's main script runs again, as ``__mp_main__``,
+    before the worker's own code): copy an exception that ends the start
+    into the worker's stack file too, for the main process's error. Runs
+    when conveyor is imported; does nothing in any other process."""
+    if not getattr(multiprocessing.current_process(), "_inheriting", False):
+        return
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    fds = getattr(getattr(forkserver, "_forkserver", None), "_inherited_fds", None)
+    if not fds:
+        return
+    try:
+        if _STACK_FILE_MARK not in os.readlink(f"/proc/self/fd/{fds[0]}"):
+            return
+    except OSError:  # (no /proc: no report, the exit code still says it)
+        return
+    report_fd, previous = fds[0], sys.excepthook
+
+    def hook(kind: Any, value: Any, tb: Any) -> None:
+        try:
+            os.write(report_fd, "".join(traceback.format_exception(kind, value, tb)).encode("utf-8", "replace"))
+        except OSError:
+            pass
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+_keep_start_failures()
+
+
+def _spawn(worker_id: int, channels: Channels, shared_fds: tuple, stack_fd: Optional[int]) -> WorkerProcess:
+    """Start ``python -c``; its stderr goes to the stack file until its
+    config has loaded (then to this process's stderr, passed as a
+    descriptor of its own), so what a failing start prints reaches the error."""
     task_fd, result_fd = channels.worker_task_fd, channels.worker_result_fd
+    try:
+        stderr_fd = os.dup(2) if stack_fd is not None else -1
+    except OSError:  # (no stderr at all: nothing to keep apart)
+        stderr_fd = -1
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
@@ -222,20 +281,23 @@ def _spawn(worker_id: int, channels: Channels, shared_fds: tuple) -> WorkerProce
         env[portable.ENV_VAR] = "1"
     code = "from conveyor._engine.worker import spawn_main; spawn_main()"
     life_r, life_w = (-1, -1) if portable.pidfd_works() else portable.pipe()
+    passed = (task_fd, result_fd, *shared_fds, *(fd for fd in (life_w, stderr_fd) if fd >= 0))
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, str(task_fd), str(result_fd), str(worker_id)],
-            pass_fds=(task_fd, result_fd, *shared_fds, *((life_w,) if life_w >= 0 else ())),
+            [sys.executable, "-c", code, str(task_fd), str(result_fd), str(worker_id), str(stderr_fd)],
+            pass_fds=passed,
             env=env,
             stdin=subprocess.DEVNULL,
+            stderr=stack_fd if stderr_fd >= 0 else None,
         )
     except BaseException:
         if life_r >= 0:
             os.close(life_r)
         raise
     finally:
-        if life_w >= 0:
-            os.close(life_w)  # the worker's copy alone keeps the pipe open
+        for fd in (life_w, stderr_fd):  # the worker's copies alone keep them open
+            if fd >= 0:
+                os.close(fd)
     if life_r >= 0:
         return WorkerProcess(proc.pid, life_r, proc)
     try:

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .errors import death_error
+from .errors import death_error, start_death_error
 from .launch import Channels, WorkerProcess, deliver_config, pickle_config, start_worker
 from .messages import Batch, Stop, Task
 from .pickling import check_picklable
@@ -376,16 +376,19 @@ class WorkerPool:
         except Exception as exc:
             raise Broken(worker, message.batch_index, "could not map the shared memory of", exc) from None
 
-    def exit_error(self, worker: WorkerHandle, what: Optional[str]) -> BaseException:
-        """How it died, what it was doing, and its Python stack if it crashed."""
+    def exit_error(self, worker: WorkerHandle, what: Optional[str], starting: bool = False) -> BaseException:
+        """How it died, what it was doing, and its Python stack if it
+        crashed, or what it printed if it died while starting."""
+        report = worker.stack.crash_text() if worker.stack is not None else ""
+        if starting:
+            return start_death_error(worker.process.pid, worker.process.exitcode, worker.id, self.method, report)
         if what is None:
             doing = "It had no batch in hand."
         elif worker.channels.results.partial:
             doing = f"It was sending the result of {what}."
         else:
             doing = f"It was loading {what}."
-        crash = worker.stack.crash_text() if worker.stack is not None else ""
-        return death_error(worker.process.pid, worker.process.exitcode, worker.id, doing, crash)
+        return death_error(worker.process.pid, worker.process.exitcode, worker.id, doing, report)
 
     # --------------------------------------------------------------- slots
     def lend_slot(self) -> Optional[int]:

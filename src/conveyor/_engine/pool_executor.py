@@ -439,11 +439,12 @@ class PoolExecutor:
     def _on_worker_exit(self, worker: WorkerView) -> None:
         if self.state is not Lifecycle.RUNNING:
             return
+        starting = worker.id in self._starting  # (it never said Ready: the start failed, not a batch)
         sent = worker.current(self._epoch_id)
         what = None
-        if sent is not None and sent.batch_index in self._pending:
+        if sent is not None and sent.batch_index in self._pending and not starting:
             what = f"batch {sent.batch_index} ({describe_indices(self._pending[sent.batch_index].indices)})"
-        self._fail(self._pool.exit_error(worker, what))
+        self._fail(self._pool.exit_error(worker, what, starting))
 
     def _break(self, broken: Broken) -> None:
         """A message could not cross between this process and a worker."""

@@ -137,7 +137,7 @@ class ThreadWorkers:
     def decode(self, worker: ThreadHandle, sent: Sent, message: Batch) -> Any:
         return message.data
 
-    def exit_error(self, worker: ThreadHandle, what: Optional[str]) -> BaseException:
+    def exit_error(self, worker: ThreadHandle, what: Optional[str], starting: bool = False) -> BaseException:
         doing = f"It was loading {what}." if what is not None else "It had no batch in hand."
         text = f"DataLoader worker thread {worker.id} ended unexpectedly (conveyor: {doing})"
         if worker.crash:

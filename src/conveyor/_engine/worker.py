@@ -448,12 +448,29 @@ def pickled_entry(worker_id: int, payload: bytes, task_fd: int, result_fd: int, 
 def spawn_main() -> None:
     """Entry of a worker in a fresh interpreter (``python -c``): file
     descriptors come in argv, then a header and the cloudpickled config
-    arrive on the task pipe."""
-    task_fd, result_fd, worker_id = (int(a) for a in sys.argv[1:4])
+    arrive on the task pipe. Until the config has loaded, stderr is the
+    worker's stack file (what a failing start prints reaches the main
+    process's error); then it is the main process's stderr again."""
+    task_fd, result_fd, worker_id, stderr_fd = (int(a) for a in sys.argv[1:5])
     try:
         (header,) = unpack(read_frame(task_fd))
         sys.path[:] = header["sys_path"]
         config = pickle.loads(read_frame(task_fd))
     except BaseException:
         _config_failed(worker_id, result_fd)
+    if stderr_fd >= 0:
+        _stderr_back(stderr_fd)
     _worker_main(config, task_fd, result_fd)
+
+
+def _stderr_back(stderr_fd: int) -> None:
+    """Hand on what the start printed (warnings, say) to the main process's
+    stderr, make that stderr again, and empty the stack file for a crash."""
+    sys.stderr.flush()
+    captured = os.pread(2, 1 << 20, 0)
+    os.ftruncate(2, 0)
+    os.lseek(2, 0, os.SEEK_SET)
+    os.dup2(stderr_fd, 2)
+    os.close(stderr_fd)
+    if captured:
+        os.write(2, captured)

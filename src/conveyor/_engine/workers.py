@@ -106,10 +106,11 @@ class Workers(Protocol):
     def decode(self, worker: Any, sent: Sent, message: Batch) -> Any:
         """The batch's data as the user gets it (numpy leaves)."""
 
-    def exit_error(self, worker: Any, what: Optional[str]) -> BaseException:
+    def exit_error(self, worker: Any, what: Optional[str], starting: bool = False) -> BaseException:
         """The error for ``worker`` having ended while the loader ran;
         ``what`` names the batch it had in hand ("batch 3 (sample indices
-        [6, 7])"), None when it had none."""
+        [6, 7])"), None when it had none; ``starting``: it ended before it
+        was ready (what it printed then belongs in the error)."""
 
     def lend_slot(self) -> Optional[int]: ...
 
