@@ -226,10 +226,10 @@ def test_advice_beyond_the_sweep_is_kept_and_says_it_was_not_measured():
     assert "not measured here" in said and "--workers 0,2" in said
 
 
-def test_rounds_too_short_for_a_verdict_give_no_advice_but_say_how_to_get_one():
+def test_without_a_round_long_enough_for_a_verdict_there_is_no_advice_but_how_to_get_one():
     short = Result(2, 2, None, rounds=(Round(100.0, bound="unknown", advice="iterate longer and ask again"),) * 2)
     said = advise(short, [short])
-    assert said.startswith("none: the rounds were too short") and "--min-batches or --seconds" in said
+    assert said.startswith("none: no round of this setting was long enough") and "--max-seconds or --seconds" in said
 
 
 @settings(max_examples=300, deadline=None)
@@ -272,16 +272,20 @@ class FakeLoader:
         return SimpleNamespace(first_batch_s=0.1, interval=interval if since is not None else None)
 
 
-def test_a_round_runs_further_passes_until_its_batches_are_in_and_keeps_the_stats_figures():
+@pytest.mark.parametrize("workers, passes", [(1, 4), (3, 5)])
+def test_a_round_leaves_out_a_first_batch_per_worker_and_runs_further_passes_until_its_batches_are_in(
+    workers, passes
+):
     made = []
 
     def build(setting):
         made.append(FakeLoader(per_pass=3))
         return made[-1]
 
-    measured = tune_measure.measure_round(build, Result(1, 2, None), seconds=0.0, min_batches=10, step_s=0.0)
-    # 3 batches a pass, the first pass's first one left out: 2 + 3 + 3 + 2 batches.
-    assert len(made) == 1 and measured.passes == made[0].passes == 4
+    measured = tune_measure.measure_round(build, Result(workers, 2, None), seconds=0.0, min_batches=10, step_s=0.0)
+    # 3 batches a pass; 1 worker: the first left out, then 2 + 3 + 3 + 2 batches; 3 workers: the
+    # first pass left out whole, then 3 + 3 + 3 + 1.
+    assert len(made) == 1 and measured.passes == made[0].passes == passes
     assert (measured.samples_per_s, measured.data_wait_fraction, measured.workers_busy_fraction) == (100, 0.75, 0.5)
     assert (measured.first_batch_s, measured.bound, measured.slowest_stage) == (0.1, "input", "fetch")
 
@@ -354,6 +358,8 @@ def test_a_sweep_writes_every_round_and_the_spread_to_the_table_json_and_plot(da
         assert row["peak_memory_mb"] > 0
     rec = report["recommendation"]
     assert {"bound", "advice", "tied_with", "rounds", "samples_per_s_min", "samples_per_s_max"} <= set(rec)
+    # One longer round of the recommended setting gives the verdict: 20 batches at least.
+    assert rec["verdict_round"]["batches"] >= 20 and "in a longer round of this setting" in out
     assert f"recommended: num_workers={rec['workers']}" in out
     if importlib.util.find_spec("matplotlib") is None:
         assert "matplotlib is not installed" in out
@@ -497,14 +503,15 @@ def test_settings_past_the_time_budget_are_skipped_and_later_rounds_not_begun(da
     out_dir = tmp_path / "out"
     status, out, _ = run_tune(
         capsys, f"{data_file}:sleepy", "--batch-size", 8, "--workers", "0,1,2", "--prefetch", 2, "--rounds", 3,
-        "--seconds", 0.3, "--max-seconds", 1.0, "--out", out_dir,
+        "--seconds", 0.3, "--max-seconds", 0.6, "--out", out_dir,
     )  # fmt: skip
     assert status == 0, out
-    # A round lasts 0.6 s at least: after the first, a second would pass 1 s.
+    # A round of 0 workers lasts 0.4 s at least (10 batches of 8 samples that sleep 5 ms each):
+    # after it, another would pass 0.6 s.
     results = json.loads((out_dir / "tune.json").read_text())["results"]
     assert [r["status"] for r in results] == ["measured", "skipped-time", "skipped-time"]
     assert len(results[0]["rounds"]) == 1
-    assert "--max-seconds 1 reached after 1 of 3 rounds" in out
+    assert "--max-seconds 0.6 reached after 1 of 3 rounds" in out
 
 
 def test_tree_memory_counts_child_processes():

@@ -7,13 +7,15 @@ prefetch_factor and batch_size (--batch-sizes).
 
 How it measures: each setting runs --rounds times, the settings taking turns (every other
 round in reverse order), so that load from other programs that comes and goes falls on all
-of them alike. A round is a fresh loader. Its first batch is left out of the rates (it is the
-"first batch" column); then come batches, each followed by --step-ms of sleep (your training
-step), for the setting's share of --seconds and at least --min-batches batches and twice the
-batches in flight, over as many passes as that takes (workers are kept between passes). A
-round lasts 0.6 s at least, long enough for the stats' verdict, which gives the advice. A
-setting's samples/s are shown as its best round, the median and the slowest; its other
-figures are medians over its rounds.
+of them alike. A round is a fresh loader. The first batch of each worker is left out of the
+rates: the first one is start-up (the "first batch" column), and the workers start together,
+so the others arrive at once. Then come batches, each followed by --step-ms of sleep (your
+training step), for the setting's share of --seconds (0.25 s at least) and at least
+--min-batches batches and twice the batches in flight, over as many passes as that takes
+(workers are kept between passes). A setting's samples/s are shown as its best round, the
+median and the slowest; its other figures are medians over its rounds. After the sweep, one
+longer round of the recommended setting (0.6 s and 20 batches at least) gives the stats'
+verdict, and the advice.
 
 How it chooses: settings are compared by their best round. Other programs can only slow a
 round down, so the fastest round is the nearest to what a setting can do, and taking turns
@@ -35,15 +37,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from .._engine.cpu import usable_cores
-from ..stats.verdict import MIN_BATCHES
 from .factory import FactoryError, load_factory
 from .tune_choice import recommend
 from .tune_measure import TuneError, available_bytes, loader_builder, tree_memory_bytes
 from .tune_report import describe_bound, describe_choice, format_round, format_row, load_average, noise_note, write_outputs
-from .tune_sweep import SweepOptions, default_workers, plan, sweep
+from .tune_sweep import SweepOptions, default_workers, plan, sweep, verdict_round
 
 #: The default --max-rss-gb: this share of what is free at start plus what
 #: this process holds already, leaving room for the rest of the machine.
@@ -72,9 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--torch", action="store_true", help="load a dataset with conveyor.torch.DataLoader (torch tensors)")
     add("--step-ms", type=float, default=0.0, help="a simulated training step per batch, in ms (default 0)")
     add("--seconds", type=float, default=3.0, help="seconds to measure each setting, over all its rounds (default 3)")
-    add("--rounds", type=int, default=5, help="rounds per setting, at least 2: their spread is the noise (default 5)")
-    add("--min-batches", type=int, default=MIN_BATCHES, help=f"batches each round delivers at least (default {MIN_BATCHES}, "
-        "what the stats need for a verdict)")
+    add("--rounds", type=int, default=8, help="rounds per setting, at least 2 (default 8)")
+    add("--min-batches", type=int, default=10, help="batches each round delivers at least (default 10)")
     add("--max-seconds", type=float, default=120.0, help="seconds for the whole sweep (default 120)")
     add("--max-rss-gb", type=float, help="memory budget in GB (default: 80%% of the memory free at start)")
     add("--out", type=Path, help="a folder for tune.json and tune.png")
@@ -121,8 +122,10 @@ def _run(args: argparse.Namespace) -> int:
         f"at most {options.max_seconds:g} s and {budget} GB",
         flush=True,
     )
-    started_load = load_average()
+    started_load, began = load_average(), time.monotonic()
     results = sweep(settings, build, options, lambda n, rs: print(format_round(n, options.rounds, rs), flush=True))
+    rec = recommend(results)
+    judged = verdict_round(build, rec, options, time.monotonic() - began) if rec is not None else None
     loads = (started_load, load_average())
     with_batch = bool(args.batch_sizes)
     print(format_row(None, with_batch))
@@ -131,12 +134,11 @@ def _run(args: argparse.Namespace) -> int:
     done = min((len(r.rounds) for r in results if r.status == "measured"), default=options.rounds)
     if done < options.rounds:
         print(f"  --max-seconds {options.max_seconds:g} reached after {done} of {options.rounds} rounds")
-    rec = recommend(results)
     print(describe_choice(rec, results))
     if note := noise_note(results, loads, cores):
         print(note)
     if rec is not None:
-        print(describe_bound(rec, results, args.step_ms))
+        print(describe_bound(rec, results, args.step_ms, judged))
     if args.out is not None:
-        write_outputs(args.out, args.factory, loader, options, results, rec, loads)
+        write_outputs(args.out, args.factory, loader, options, results, rec, loads, judged)
     return 0 if rec is not None else 1

@@ -21,7 +21,7 @@ import statistics
 from typing import Optional
 
 from ..stats.verdict import MIN_BATCHES, MIN_STEADY_S
-from .tune_measure import Result
+from .tune_measure import Result, Round
 
 #: Settings whose best rates differ by less than this share always tie, however quiet the
 #: machine: a round begins with about one batch per extra worker already loaded, which lifts
@@ -125,14 +125,15 @@ def _setting_words(r: Result) -> str:
     return text + (f", batch {r.batch_size}" if r.batch_size is not None else "")
 
 
-def advise(rec: Result, results: list[Result]) -> str:
-    """The verdict's advice on ``rec`` (on its median round), unless it asks for settings the sweep
-    measured and did not recommend: then what the sweep found for each of them instead."""
-    middle = rec.median_round
+def advise(rec: Result, results: list[Result], judged: Optional[Round] = None) -> str:
+    """The verdict's advice on ``rec`` (on ``judged``, a round long enough for one, else on its median
+    round), unless it asks for settings the sweep measured and did not recommend: then what the
+    sweep found for each of them instead."""
+    middle = judged or rec.median_round
     if middle is not None and middle.bound == "unknown":
         return (
-            "none: the rounds were too short for the stats to judge (a verdict needs "
-            f"{MIN_BATCHES} batches and {MIN_STEADY_S:g} s once running); raise --min-batches or --seconds"
+            f"none: no round of this setting was long enough for the stats to judge (a verdict needs "
+            f"{MIN_BATCHES} batches and {MIN_STEADY_S:g} s once running); raise --max-seconds or --seconds"
         )
     advice = middle.advice if middle else ""
     against = contradicted(rec, results, advice)

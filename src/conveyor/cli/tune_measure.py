@@ -1,11 +1,13 @@
 """One round of ``conveyor tune``: a fresh loader for one setting, measured long enough to mean something.
 
-    build(setting) ─▶ iter() ─▶ first batch ─▶ s0 = loader.stats()
+    build(setting) ─▶ iter() ─▶ first batches, one per worker ─▶ s0 = loader.stats()
         ─▶ batches, each followed by the training step's sleep; a pass that ends is followed by
            the next one (workers kept), until the round has lasted its seconds AND delivered its
            batches ─▶ loader.stats(since=s0) ─▶ Round ─▶ the loader and its workers are dropped
 
-A setting's rounds make its :class:`Result`: the median and the spread of what they measured.
+The first batch of each worker is left out: the workers start together, so those batches arrive
+nearly at once, and counting them would lift the rate of more workers (by about one batch per
+extra worker over the round). A setting's rounds make its :class:`Result`.
 Memory is the PSS of this process and its descendants (forked workers' shared pages count once).
 """
 
@@ -17,7 +19,7 @@ import statistics
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..arguments import is_iterable_dataset
 from .factory import FactoryError
@@ -247,45 +249,59 @@ def available_bytes() -> Optional[int]:
 
 
 # ----------------------------------------------------------------- a round
+def _batches(loader: Any) -> Iterator[int]:
+    """The number of the pass (from 1) for each batch of ``loader``, pass after pass (the workers
+    kept between them), until a pass yields nothing."""
+    number = 0
+    while True:
+        number += 1
+        delivered = 0
+        for _ in loader:
+            delivered += 1
+            yield number
+        if not delivered:
+            return
+
+
 def measure_round(
     build: Callable[[Result], Any], setting: Result, seconds: float, min_batches: int, step_s: float
 ) -> Optional[Round]:
-    """One round of ``setting`` (None when its loader yields no batch): at least ``seconds`` and
-    ``min_batches`` batches after the first, ``step_s`` of sleep after each, over as many passes as that takes."""
+    """One round of ``setting`` (None when its loader yields no batch): after the first batch of each
+    worker, at least ``seconds`` and ``min_batches`` batches, ``step_s`` of sleep after each, over as
+    many passes as that takes."""
     loader = build(setting)
-    it = iter(loader)
+    batches = _batches(loader)
     try:
-        try:
-            next(it)
-        except StopIteration:
+        if next(batches, None) is None:
             return None
+        first_batch_s = loader.stats().first_batch_s
+        for _ in range(setting.workers - 1):  # the others' first batches, loaded alongside the first
+            time.sleep(step_s)
+            next(batches, None)
         start = loader.stats()
         time.sleep(step_s)
-        peak, batches, passes, in_pass = 0, 0, 1, 1
+        peak, counted, passes = 0, 0, 1
         deadline, next_memory = time.perf_counter() + seconds, 0.0
-        while batches < min_batches or time.perf_counter() < deadline:
-            try:
-                next(it)
-            except StopIteration:  # the pass ended first: the next one (its start counts, as between epochs)
-                if not in_pass:  # an empty pass: there is nothing more to load
-                    break
-                it, passes, in_pass = iter(loader), passes + 1, 0
-                continue
+        while counted < min_batches or time.perf_counter() < deadline:
+            number = next(batches, None)
+            if number is None:  # a pass without batches: nothing more to load
+                break
+            passes = number
             time.sleep(step_s)
-            batches, in_pass = batches + 1, in_pass + 1
+            counted += 1
             if time.perf_counter() >= next_memory:
                 peak, next_memory = max(peak, tree_memory_bytes() or 0), time.perf_counter() + _MEMORY_EVERY_S
         peak = max(peak, tree_memory_bytes() or 0)
         stats = loader.stats(since=start)
     finally:
-        del it, loader  # ends the pass and stops the workers before the next round starts
+        del batches, loader  # ends the pass and stops the workers before the next round starts
     steady = stats.interval if stats.interval is not None and stats.interval.batches else stats
     verdict = steady.verdict()
     return Round(
         samples_per_s=steady.samples_per_s,
         data_wait_fraction=steady.data_wait_fraction,
         workers_busy_fraction=steady.workers_busy_fraction,
-        first_batch_s=start.first_batch_s,
+        first_batch_s=first_batch_s,
         peak_memory_mb=peak / _MB if peak else None,
         batches=steady.batches,
         passes=passes,

@@ -12,13 +12,14 @@ import multiprocessing
 import os
 import platform
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .._engine.cpu import usable_cores
 from ..stats.verdict import INPUT_BOUND_WAIT
 from .tune_choice import advise, leanness, measured, noise, tie_rule, ties, tolerance
-from .tune_measure import Result, available_bytes
+from .tune_measure import Result, Round, available_bytes
 from .tune_sweep import SweepOptions
 
 _GB = 1 << 30
@@ -86,14 +87,20 @@ def describe_choice(rec: Optional[Result], results: list[Result]) -> str:
     )
 
 
-def describe_bound(rec: Result, results: list[Result], step_ms: float) -> str:
-    """Whether training would wait for data with ``rec``, and, if so, the advice (see ``tune_choice.advise``)."""
-    wait = rec.data_wait_fraction
+def describe_bound(rec: Result, results: list[Result], step_ms: float, judged: Optional[Round] = None) -> str:
+    """Whether training would wait for data with ``rec``, and, if so, the advice (``tune_choice.advise``).
+    ``judged``: the longer round that gave the verdict (else the median round's figures are used)."""
     if not step_ms:
         return "  (no --step-ms: the loop only waits for data; pass your step's time to see if training would)"
+    wait, where = rec.data_wait_fraction, "at the median of the rounds"
+    if judged is not None:
+        wait, where = judged.data_wait_fraction, f"in a longer round of this setting ({judged.batches} batches)"
     if wait > INPUT_BOUND_WAIT:
-        return f"input-bound even so: the loop waits for data {wait:.0%} of the time\nadvice: {advise(rec, results)}"
-    return f"compute-bound: the loop waits for data {wait:.0%} of the time, all a faster loader could gain"
+        return (
+            f"input-bound even so: {where} the loop waited for data {wait:.0%} of the time\n"
+            f"advice: {advise(rec, results, judged)}"
+        )
+    return f"compute-bound: {where} the loop waited for data {wait:.0%} of the time, all a faster loader could gain"
 
 
 def load_average() -> Optional[float]:
@@ -211,17 +218,19 @@ def write_outputs(
     results: list[Result],
     rec: Optional[Result],
     loads: tuple[Optional[float], Optional[float]] = (None, None),
+    judged: Optional[Round] = None,
 ) -> None:
-    """``tune.json`` (settings, machine, every row with its rounds, the noise, the recommendation and
-    the settings tied with it) and ``tune.png`` under ``out``."""
+    """``tune.json`` (settings, machine, every row with its rounds, the noise, the recommendation with
+    the settings tied with it and the round that gave its verdict) and ``tune.png`` under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     recommendation: Optional[dict[str, Any]] = None
     if rec is not None:
         recommendation = rec.to_dict()
         # With no training step the loop only waits: there is no bound to tell.
-        bound = "input" if rec.data_wait_fraction > INPUT_BOUND_WAIT else "compute"
-        recommendation["bound"] = bound if options.step_s else None
-        recommendation["advice"] = advise(rec, results)
+        wait = (judged or rec).data_wait_fraction
+        recommendation["bound"] = ("input" if wait > INPUT_BOUND_WAIT else "compute") if options.step_s else None
+        recommendation["advice"] = advise(rec, results, judged)
+        recommendation["verdict_round"] = asdict(judged) if judged is not None else None
         recommendation["tied_with"] = [r.label() for r in ties(results) if r is not rec]
     settings = {
         "rounds": options.rounds, "seconds": options.seconds, "min_batches": options.min_batches,

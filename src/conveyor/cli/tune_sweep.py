@@ -6,7 +6,8 @@
 
 A setting is skipped in round 1 when one with no more workers and no more prefetch went over
 the memory budget, when the memory per worker seen so far predicts it would, or when its round
-would pass the time budget; a later round runs only when all of it fits the time budget.
+would pass the time budget; a later round runs only when all of it fits the time budget. After
+the sweep, one longer round of the recommended setting gives the stats' verdict on it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from ..stats.verdict import MIN_STEADY_S
-from .tune_measure import Result, measure_round, tree_memory_bytes, with_round
+from ..stats.verdict import MIN_BATCHES, MIN_STEADY_S
+from .tune_measure import Result, Round, measure_round, tree_memory_bytes, with_round
 
 _MB = 1 << 20
-#: The shortest round: the verdict's minimum once running, and a fifth more for the later passes'
-#: first batches, which a round's interval counts as start-up.
-MIN_ROUND_S = 1.2 * MIN_STEADY_S
+#: The shortest round: shorter, and a round's rate would rest on a handful of batches. Rounds
+#: are kept short so that there can be many: each is a chance to meet the machine at a quiet moment.
+MIN_ROUND_S = 0.25
+#: The round after the sweep that gives the recommended setting's verdict: the verdict's minimum
+#: once running, and a fifth more for the later passes' first batches, which it counts as start-up.
+VERDICT_ROUND_S = 1.2 * MIN_STEADY_S
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class SweepOptions:
 
     @property
     def round_seconds(self) -> float:
-        """A round lasts its share of ``seconds``, and long enough for the stats to give a verdict on it."""
+        """A round lasts its share of ``seconds``, MIN_ROUND_S at least."""
         return max(self.seconds / self.rounds, MIN_ROUND_S)
 
 
@@ -142,3 +146,13 @@ def sweep(
                 books.measure(place)
         on_round(number, books.results)
     return books.results
+
+
+def verdict_round(build: Callable, rec: Result, options: SweepOptions, spent_s: float) -> Optional[Round]:
+    """One more round of ``rec``, long enough for the stats' verdict, whose advice tune prints; None
+    when it would pass ``max_seconds`` (``spent_s`` spent already). It counts toward nothing else:
+    not the choice, not the table."""
+    if spent_s + VERDICT_ROUND_S > options.max_seconds:
+        return None
+    batches = max(MIN_BATCHES, options.round_batches(rec))
+    return measure_round(build, rec, max(VERDICT_ROUND_S, options.round_seconds), batches, options.step_s)
