@@ -70,6 +70,11 @@ DATA_MODULE = textwrap.dedent(
     def loader():
         return conveyor.DataLoader(Sleepy(n=1000, sleep_s=0), batch_size=5, shuffle=False, collate_fn=recording_collate)
 
+    def thread_loader():
+        return conveyor.DataLoader(
+            Sleepy(n=200, sleep_s=0), batch_size=5, num_workers=1, worker_method="thread", collate_fn=recording_collate
+        )
+
     def not_a_dataset():
         return 42
 
@@ -407,6 +412,13 @@ def test_a_loader_from_the_factory_keeps_its_batch_size_order_and_collate(data_f
     seen = sys.modules[data_file.stem].SEEN
     assert seen[0] == [0, 1, 2, 3, 4]  # shuffle=False kept, and its collate_fn
     assert {len(batch) for batch in seen} == {5}
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_with_thread_workers_is_measured_with_thread_workers(data_file, capsys):
+    status, out, _ = run_tune(capsys, f"{data_file}:thread_loader", "--workers", 1, "--seconds", 0, "--rounds", 2)
+    assert status == 0, out
+    assert sys.modules[data_file.stem].SEEN  # collate ran in a thread of this process, not in a worker process
 
 
 @pytest.mark.timeout(60)

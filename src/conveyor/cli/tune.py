@@ -44,7 +44,9 @@ from .._engine.cpu import usable_cores
 from .factory import FactoryError, load_factory
 from .tune_choice import recommend
 from .tune_measure import TuneError, available_bytes, loader_builder, tree_memory_bytes
-from .tune_report import describe_bound, describe_choice, format_round, format_row, load_average, noise_note, write_outputs
+from .tune_report import (
+    describe_bound, describe_choice, format_round, format_row, load_average, noise_note, write_outputs,
+)
 from .tune_sweep import SweepOptions, default_workers, plan, sweep, verdict_round
 
 #: The default --max-rss-gb: this share of what is free at start plus what

@@ -47,7 +47,7 @@ def noise(results: list[Result]) -> float:
     gaps = []
     for r in measured(results):
         if len(r.rounds) >= 2:
-            best, second = sorted(x.samples_per_s for x in r.rounds)[-1:-3:-1]
+            *_, second, best = sorted(x.samples_per_s for x in r.rounds)
             gaps.append((best - second) / best)
     return statistics.median(gaps) if gaps else 0.0
 
@@ -129,13 +129,13 @@ def advise(rec: Result, results: list[Result], judged: Optional[Round] = None) -
     """The verdict's advice on ``rec`` (on ``judged``, a round long enough for one, else on its median
     round), unless it asks for settings the sweep measured and did not recommend: then what the
     sweep found for each of them instead."""
-    middle = judged or rec.median_round
-    if middle is not None and middle.bound == "unknown":
+    judged_round = judged or rec.median_round  # the round whose verdict speaks
+    if judged_round is not None and judged_round.bound == "unknown":
         return (
             f"none: no round of this setting was long enough for the stats to judge (a verdict needs "
             f"{MIN_BATCHES} batches and {MIN_STEADY_S:g} s once running); raise --max-seconds or --seconds"
         )
-    advice = middle.advice if middle else ""
+    advice = judged_round.advice if judged_round else ""
     against = contradicted(rec, results, advice)
     tried = {r.workers for r in measured(results)}
     if not against:  # what it asks for, if anything, the sweep never tried: not a contradiction
@@ -161,9 +161,10 @@ def advise(rec: Result, results: list[Result], judged: Optional[Round] = None) -
         + "; ".join(map(finding, fastest_two))
         + f" (this one: {rates(rec)})"
     )
-    if any(r in tied for r in against) and middle is not None and middle.slowest_stage is not None:
+    stage = judged_round.slowest_stage if judged_round is not None else None
+    if any(r in tied for r in against) and stage is not None:
         text += (
-            f". More workers or batches in flight did not measurably help: the time goes to {middle.slowest_stage} "
-            f"({middle.slowest_share:.0%} of loading time); make it cheaper, or check what else uses the cores"
+            f". More workers or batches in flight did not measurably help: the time goes to {stage} "
+            f"({judged_round.slowest_share:.0%} of loading time); make it cheaper, or check what else uses the cores"
         )
     return text

@@ -187,6 +187,7 @@ def loader_builder(made: Any, batch_size: int, use_torch: bool) -> tuple[Callabl
 _KEPT = (
     "dataset", "batch_size", "drop_last", "collate_fn", "pin_memory", "pin_memory_device", "timeout",
     "worker_init_fn", "multiprocessing_context", "in_order", "stall_warning", "generator",
+    "worker_method", "reads_in_flight", "skip_bad_samples",
 )  # fmt: skip
 
 
