@@ -156,6 +156,14 @@ def test_settings_are_compared_by_their_best_round_and_tie_within_how_far_it_sta
     assert recommend(busy).workers == 2
 
 
+def test_a_noise_over_twenty_percent_gets_a_note_with_the_load_average():
+    noisy = [setting(1, 2, 60, 90, 120), setting(2, 2, 80, 110, 140)]
+    note = tune_report.noise_note(noisy, (3.04, 4.5), cores=2)
+    assert note.startswith("note: a setting's best round stands 23% above its next best")
+    assert "(load average 3.0 at the start, 4.5 at the end, on 2 cores)" in note
+    assert tune_report.noise_note([setting(1, 2, 118, 119, 120)], (0.5, 0.5), cores=2) == ""
+
+
 def test_at_equal_speed_prefetch_then_memory_decide():
     results = [setting(2, 4, 100, 100, memory=50), setting(2, 2, 100, 100, memory=60)]
     assert recommend(results).prefetch == 2

@@ -36,7 +36,7 @@ class TuneError(FactoryError):
 
 @dataclass(frozen=True)
 class Round:
-    """What one round of one setting measured, after its first batch (start-up left out of the rates)."""
+    """What one round of one setting measured, after the first batch of each worker (start-up left out)."""
 
     samples_per_s: float
     #: Share of the round's wall time the loop waited in next() (each later pass's first batch included).
@@ -114,7 +114,8 @@ class Result:
 
     @property
     def median_round(self) -> Optional[Round]:
-        """The round whose rate is the median (the lower middle one of an even count): its verdict is the setting's."""
+        """The round whose rate is the median (the lower middle one of an even count): its verdict speaks
+        for the setting when no longer round was run for one."""
         ranked = sorted(self.rounds, key=lambda r: r.samples_per_s)
         return ranked[(len(ranked) - 1) // 2] if ranked else None
 

@@ -23,8 +23,8 @@ from .tune_measure import Result, Round, available_bytes
 from .tune_sweep import SweepOptions
 
 _GB = 1 << 30
-#: Rounds of a setting that disagree by more than this share (the noise) get a note: at that
-#: level a real gain of a few workers can hide in a tie.
+#: A noise (how far best rounds stand above the next) over this share gets a note: at that level
+#: a real gain of more workers can hide in a tie.
 NOISY = 0.20
 #: How many of the settings tied with the recommendation the text names (tune.json lists them all).
 _TIES_NAMED = 3
@@ -112,7 +112,7 @@ def load_average() -> Optional[float]:
 
 
 def noise_note(results: list[Result], loads: tuple[Optional[float], Optional[float]], cores: int) -> str:
-    """A line when the rounds disagree too much for small differences to mean anything ("" otherwise)."""
+    """A line when the noise is too large for small differences to mean anything ("" otherwise)."""
     spread = noise(results)
     if spread <= NOISY:
         return ""
@@ -120,9 +120,9 @@ def noise_note(results: list[Result], loads: tuple[Optional[float], Optional[flo
     if None not in loads:
         seen = f" (load average {loads[0]:.1f} at the start, {loads[1]:.1f} at the end, on {cores} cores)"
     return (
-        f"note: a setting's rounds disagree by {spread:.0%}: the machine's load, or the data's speed, changed while "
-        f"measuring{seen}. Differences smaller than that count as ties, which the fewest workers win; on a quieter "
-        f"machine, or with more --rounds and --seconds, more workers may prove faster"
+        f"note: a setting's best round stands {spread:.0%} above its next best: the machine's load, or the data's "
+        f"speed, changed while measuring{seen}. Differences smaller than that count as ties, which the fewest "
+        f"workers win; on a quieter machine, or with more --rounds, more workers may prove faster"
     )
 
 

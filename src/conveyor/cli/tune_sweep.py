@@ -32,11 +32,12 @@ VERDICT_ROUND_S = 1.2 * MIN_STEADY_S
 class SweepOptions:
     """How long to measure each setting, and the budgets of the whole sweep."""
 
-    #: Rounds per setting; their spread is the noise against which settings tie.
+    #: Rounds per setting: settings are compared by their best round, and how far it stands above
+    #: the next best is the noise (tune_choice).
     rounds: int
     #: Seconds each setting is measured, over all its rounds (each round gets its share, MIN_ROUND_S at least).
     seconds: float
-    #: Batches each round delivers at least, after its first (more when more are in flight: see round_batches).
+    #: Batches each round delivers at least, after each worker's first (more with more in flight: round_batches).
     min_batches: int
     #: The simulated training step after each batch, in seconds.
     step_s: float
