@@ -125,6 +125,16 @@ class DataLoader(_loader.DataLoader[_T_co], _tud.DataLoader[_T_co]):
         """torch's ``_DatasetKind`` of the dataset (Map or Iterable), for code that reads it."""
         return _DatasetKind.Iterable if self._iterable else _DatasetKind.Map
 
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """False. accelerate's ``Accelerator.prepare_data_loader`` reads this
+        just before it rebuilds a loader as torch's own; conveyor then warns
+        (``conveyor.integrations.RebuiltLoaderWarning``) with what keeps it."""
+        from .integrations._rebuild import warn_accelerate_rebuild
+
+        warn_accelerate_rebuild(self)
+        return False
+
 
 class StatefulDataLoader(DataLoader[_T_co], Generic[_T_co]):
     """The DataLoader under torchdata's name: code written for

@@ -1,0 +1,96 @@
+"""Hugging Face Accelerate keeps conveyor loaders (conveyor.integrations.accelerate).
+
+tests/job_accelerate.py runs as one process and under torchrun on 2 ranks
+(gloo, CPU). On each rank, after ``accelerator.prepare``: conveyor loads the
+batches (its stats count them, thread workers stay threads) and they equal
+the same conveyor loader's outside accelerate, augmentations included; each
+rank gets the share accelerate gives a torch loader; batches are on
+``accelerator.device``; gradient accumulation syncs at the end of the
+epoch; and ``save_state``/``load_state`` mid-epoch resume exactly.
+Accelerate's own Accelerator rebuilds a conveyor loader as torch's: that
+warns, naming accelerate and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("accelerate", reason="accelerate is not installed (pip install -e '.[dev]')")
+
+JOB = Path(__file__).with_name("job_accelerate.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(tmp_path: Path, ranks: int) -> list[dict]:
+    out = tmp_path / f"ranks-{ranks}"
+    out.mkdir()
+    launch = [sys.executable]
+    if ranks > 1:
+        launch += ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
+                   "--master-port", str(_free_port()), "--monitor-interval", "0.2"]  # fmt: skip
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    done = subprocess.run([*launch, str(JOB), str(out)], env=env, cwd=out, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(ranks)]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_prepare_keeps_conveyor_per_rank_and_save_state_resumes_exactly(tmp_path, ranks):
+    results = _run(tmp_path, ranks)
+    per_rank = 10 // ranks
+    for result in results:
+        assert result["ranks"] == ranks and result["prepared_type"] == "AcceleratedDataLoader"
+        threads = result["threads"]
+        # Conveyor loaded every batch, in its thread workers, as the same loader does outside accelerate.
+        assert threads["stats"] == threads["prepared_stats"] == per_rank
+        assert {"index": threads["index"], "noise": threads["noise"]} == result["threads_alone"]
+        assert all(step["children"] == 0 and step["loaded_in"] != "MainThread" for step in threads["steps"])
+        assert all(step["device"] for step in threads["steps"])
+        # Gradient accumulation over 3 batches: a sync every third batch and at the end of the epoch.
+        assert [step["end"] for step in threads["steps"]] == [False] * (per_rank - 1) + [True]
+        assert [step["sync"] for step in threads["steps"]] == [(n + 1) % 3 == 0 or n + 1 == per_rank
+                                                              for n in range(per_rank)]  # fmt: skip
+        # This rank's share is the one accelerate gives torch's loader (padding included).
+        assert result["share"]["conveyor"] == result["share"]["torch"]
+        resume = result["resume"]
+        assert resume["skip_returns_loader"]
+        assert resume["resumed"] == resume["uninterrupted"]
+        assert len(resume["resumed"][0]["index"]) == per_rank - 2
+    everyone = sorted(i for result in results for batch in result["threads"]["index"] for i in batch)
+    assert everyone == list(range(40))  # each rank its own share, together all of it
+    if ranks == 2:
+        assert results[0]["resume"]["resumed"] != results[1]["resume"]["resumed"]
+
+
+def test_accelerates_own_accelerator_warns_that_it_rebuilds_a_conveyor_loader():
+    import accelerate
+    import torch.utils.data as tud
+
+    import conveyor.torch as data
+    from conveyor.integrations import RebuiltLoaderWarning
+
+    loader = data.DataLoader(list(range(8)), batch_size=2)
+    with pytest.warns(RebuiltLoaderWarning, match=r"accelerate's Accelerator\.prepare rebuilds") as caught:
+        prepared = accelerate.Accelerator(cpu=True).prepare(loader)
+    assert "from conveyor.integrations.accelerate import Accelerator" in str(caught[0].message)
+    assert caught[0].filename == __file__  # it points at the line that called prepare
+    assert isinstance(prepared.base_dataloader, tud.DataLoader) and not isinstance(prepared.base_dataloader, data.DataLoader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        accelerate.Accelerator(cpu=True).prepare(tud.DataLoader(list(range(8))))  # torch's own loader: no warning
