@@ -534,6 +534,7 @@ def test_settings_past_the_time_budget_are_skipped_and_later_rounds_not_begun(da
     assert "--max-seconds 0.6 reached after 1 of 3 rounds" in out
 
 
+@pytest.mark.timeout(60)
 def test_tree_memory_counts_child_processes():
     alone = tune_measure.tree_memory_bytes()
     assert alone and alone > 1 << 20
