@@ -2,8 +2,10 @@
 
 conveyor tune MODULE:FACTORY (or path/to/file.py:FACTORY) calls FACTORY(). A dataset it
 returns is loaded with DataLoader(dataset, batch_size=--batch-size, shuffle=True) (--torch:
-conveyor.torch's); a conveyor DataLoader it returns keeps all its arguments but num_workers,
-prefetch_factor and batch_size (--batch-sizes).
+conveyor.torch's). A conveyor DataLoader it returns keeps its other arguments (sampler,
+collate_fn, worker_method, ...), while num_workers, prefetch_factor and batch_size
+(--batch-sizes) vary; tune always collects stats, shows no progress bar, and keeps the
+workers between the passes of a round.
 
 How it measures: each setting runs --rounds times, the settings taking turns (every other
 round in reverse order), so that load from other programs that comes and goes falls on all
