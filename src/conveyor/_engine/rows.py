@@ -2,7 +2,9 @@
 
     dataset[i] ──▶ RowPlacer.place(sample, k): arrays copied into row k of the
                    batch buffers in the slot, while still in the CPU's cache,
-                   and replaced by views of those rows
+                   and replaced by views of those rows; a leaf with
+                   ``fill_into(out)`` (and ``shape``, ``dtype``) writes itself
+                   into its row instead (an image decoded there, no copy)
     collate ──▶ _stack_into asks RowPlacer.claim(rows): "these are rows 0..B-1
                 of one buffer?" ── yes: the buffer is the output, no second copy
 
@@ -60,22 +62,46 @@ class RowPlacer(SlotAllocator):
         return map_leaves_at(sample, lambda value, path: self._place(value, path, k))
 
     def _place(self, value: Any, path: tuple, k: int) -> Any:
-        return self._place_array(value, path, k) if isinstance(value, np.ndarray) else value
+        if isinstance(value, np.ndarray):
+            return self._place_array(value, path, k)
+        if getattr(type(value), "fill_into", None) is not None:
+            return self._place_filled(value, path, k)
+        return value
+
+    def _row_for(self, shape: tuple, dtype: Any, path: tuple, k: int) -> Optional[np.ndarray]:
+        """Row ``k`` of the buffer at ``path`` (made by sample 0) when it holds ``shape`` and ``dtype``; else None."""
+        buffer = self._buffers.get(path)
+        if buffer is None:
+            if k != 0:
+                return None
+            buffer = self._writer.allocate((self._batch_size,) + shape, dtype)
+            self._buffers[path] = buffer
+        if buffer.shape[1:] != shape or buffer.dtype != dtype:
+            return None
+        row = buffer[k]
+        self._rows[id(row)] = (row, buffer, k)
+        return row
+
+    def _place_filled(self, value: Any, path: tuple, k: int) -> Any:
+        """A leaf that writes itself (``shape``, ``dtype``, ``fill_into(out)``:
+        conveyor.images' PendingImage) made straight in its row; as it is
+        when it has no row (collate then decodes it)."""
+        shape, dtype = tuple(value.shape), np.dtype(value.dtype)
+        if not shape or dtype.kind not in _ROW_KINDS or not dtype.isnative or k >= self._batch_size:
+            return value
+        row = self._row_for(shape, dtype, path, k)
+        if row is None:
+            return value
+        value.fill_into(row)
+        return row
 
     def _place_array(self, array: np.ndarray, path: tuple, k: int) -> np.ndarray:
         if array.ndim == 0 or array.dtype.kind not in _ROW_KINDS or not array.dtype.isnative or k >= self._batch_size:
             return array  # (a 0-d row would be a scalar, not a view)
-        buffer = self._buffers.get(path)
-        if buffer is None:
-            if k != 0:
-                return array
-            buffer = self._writer.allocate((self._batch_size,) + array.shape, array.dtype)
-            self._buffers[path] = buffer
-        if buffer.shape[1:] != array.shape or buffer.dtype != array.dtype:
+        row = self._row_for(array.shape, array.dtype, path, k)
+        if row is None:
             return array
-        row = buffer[k]
         row[...] = array
-        self._rows[id(row)] = (row, buffer, k)
         return row
 
     def claim(self, arrays: Sequence[np.ndarray], dtype: np.dtype) -> Optional[np.ndarray]:
