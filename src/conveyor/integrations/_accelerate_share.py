@@ -26,7 +26,7 @@ from accelerate.data_loader import BatchSamplerShard
 
 from conveyor.sampler import replay_point, replay_point_problem, restore_replay_point
 
-__all__ = ["RankShare", "install_checkpoint_hooks", "state_file"]
+__all__ = ["RankShare", "install_checkpoint_hooks", "load_states", "save_states", "state_file"]
 
 
 class RankShare(BatchSamplerShard):
@@ -96,8 +96,8 @@ def install_checkpoint_hooks(accelerator: Any) -> None:
     if accelerator in _hooked:
         return
     _hooked.add(accelerator)
-    accelerator.register_save_state_pre_hook(lambda models, weights, folder: _save(accelerator, folder))
-    accelerator.register_load_state_pre_hook(lambda models, folder: _load(accelerator, folder))
+    accelerator.register_save_state_pre_hook(lambda models, weights, folder: save_states(accelerator, folder))
+    accelerator.register_load_state_pre_hook(lambda models, folder: load_states(accelerator, folder))
 
 
 def _conveyor_loaders(accelerator: Any) -> list:
@@ -106,7 +106,8 @@ def _conveyor_loaders(accelerator: Any) -> list:
     return [loader for loader in accelerator._dataloaders if isinstance(loader, AcceleratedDataLoader)]
 
 
-def _save(accelerator: Any, folder: str) -> None:
+def save_states(accelerator: Any, folder: str) -> None:
+    """Write the state of each conveyor loader ``accelerator`` prepared into ``folder``, this rank's own file."""
     os.makedirs(folder, exist_ok=True)
     for index, loader in enumerate(_conveyor_loaders(accelerator)):
         path = state_file(folder, index, accelerator.process_index)
@@ -125,8 +126,14 @@ def _save(accelerator: Any, folder: str) -> None:
         os.replace(path + ".tmp", path)  # (a reader never sees half a file)
 
 
-def _load(accelerator: Any, folder: str) -> None:
-    for index, loader in enumerate(_conveyor_loaders(accelerator)):
+def load_states(accelerator: Any, folder: str, required: bool = True) -> bool:
+    """Load each conveyor loader's state from ``folder``; without its file:
+    an error, or (``required`` false) False and nothing loaded."""
+    loaders = _conveyor_loaders(accelerator)
+    paths = [state_file(folder, index, accelerator.process_index) for index in range(len(loaders))]
+    if not required and not all(os.path.exists(p) or os.path.exists(p[: -len(".json")] + ".pt") for p in paths):
+        return False
+    for index, loader in enumerate(loaders):
         path = state_file(folder, index, accelerator.process_index)
         pickled = path[: -len(".json")] + ".pt"
         if os.path.exists(path):
@@ -135,7 +142,7 @@ def _load(accelerator: Any, folder: str) -> None:
         elif os.path.exists(pickled):
             import torch
 
-            state = torch.load(pickled, weights_only=False)  # (written by _save beside the checkpoint's own pickles)
+            state = torch.load(pickled, weights_only=False)  # (written by save_states beside the checkpoint's own pickles)
         else:
             raise FileNotFoundError(
                 f"accelerator.load_state({folder!r}): there is no {os.path.basename(path)}, the state of conveyor "
@@ -143,3 +150,4 @@ def _load(accelerator: Any, folder: str) -> None:
                 f"accelerator.save_state wrote with as many conveyor loaders prepared, on as many processes"
             )
         loader.load_state_dict(state)
+    return True

@@ -39,7 +39,7 @@ def warn_accelerate_rebuild(loader: Any) -> None:
     """Warn that accelerate's ``Accelerator.prepare_data_loader`` is about
     to rebuild ``loader`` as a torch DataLoader, naming transformers'
     Trainer when it is the one asking (its frames are on the stack)."""
-    through_trainer = _called_from("transformers.")
+    through_trainer = _trainer_on_stack()
     who = "transformers' Trainer (through accelerate's Accelerator.prepare)" if through_trainer else (
         "accelerate's Accelerator.prepare"
     )
@@ -52,14 +52,21 @@ def warn_accelerate_rebuild(loader: Any) -> None:
     )
 
 
-def _called_from(prefix: str) -> bool:
-    """Whether a frame of a module whose name starts with ``prefix`` is on the stack."""
+def _trainer_on_stack() -> bool:
+    """Whether transformers' Trainer is asking: a frame of transformers, or
+    a method of a Trainer (sub)class (an overridden get_train_dataloader)."""
     frame: Optional[Any] = sys._getframe(1)
     while frame is not None:
-        if _module(frame).startswith(prefix):
+        if _module(frame).startswith("transformers.") or _is_trainer(frame.f_locals.get("self")):
             return True
         frame = frame.f_back
     return False
+
+
+def _is_trainer(obj: Any) -> bool:
+    return obj is not None and any(
+        cls.__name__ == "Trainer" and cls.__module__.startswith("transformers.") for cls in type(obj).__mro__
+    )
 
 
 def _first_outside(prefixes: tuple) -> int:
