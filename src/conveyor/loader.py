@@ -274,14 +274,16 @@ class DataLoader(Generic[T_co]):
         """
         return self._recorder().snapshot(since)
 
-    def on_stats(self, callback: Callable[[_stats.LoaderStats], Any], every_s: float = 10.0) -> Callable[[], None]:
+    def on_stats(self, callback: Any, every_s: float = 10.0) -> Callable[[], None]:
         """Call ``callback(loader.stats())`` every ``every_s`` seconds while
         iterating, and at the end of each pass, from the loop's thread (its
-        ``interval``: since the previous call). For loggers: TensorBoard,
-        a JSON lines file (:class:`conveyor.stats.JsonLinesWriter`). Returns
-        a function that removes the callback."""
+        ``interval``: since the previous call). For loggers: a JSON lines
+        file (:class:`conveyor.stats.JsonLinesWriter`), or a writer with
+        ``add_scalar`` such as TensorBoard's ``SummaryWriter``, given as it
+        is (:class:`conveyor.stats.ScalarWriter` says what it writes).
+        Returns a function that removes the callback."""
         recorder = self._recorder()
-        listener = _stats.live.Periodic(callback, every_s, recorder.snapshot)
+        listener = _stats.live.Periodic(_stats.stats_callback(callback), every_s, recorder.snapshot)
         recorder.add_listener(listener)
         return lambda: recorder.remove_listener(listener)
 

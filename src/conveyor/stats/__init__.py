@@ -4,7 +4,8 @@
     loader.stats().summary()       prints a table (table.py) and a Verdict (verdict.py), once
     loader.stats().to_dict()       the shares and the raw totals they are made of (JSON)
     DataLoader(progress=True)      a live tqdm bar (live.py)
-    loader.on_stats(fn, every_s)   fn(LoaderStats) every few seconds, e.g. JsonLinesWriter
+    loader.on_stats(fn, every_s)   fn(LoaderStats) every few seconds, e.g. JsonLinesWriter, or a
+                                   TensorBoard SummaryWriter (ScalarWriter, scalars.py)
     with loader.trace(path): ...   a Chrome-trace timeline of every batch (trace.py)
 
 Each batch's record (``Delivered.timings``, made by the executors) feeds one
@@ -15,6 +16,7 @@ figures are summed in loading.py, who used the cores in machine.py.
 from .live import JsonLinesWriter, ProgressBar
 from .recorder import StatsRecorder
 from .report import LOADING_STAGES, STAGE_MEANINGS, STAGES, LoaderStats, StageStats
+from .scalars import ScalarWriter, stats_callback
 from .trace import ChromeTrace
 from .verdict import Verdict
 
@@ -24,6 +26,7 @@ __all__ = [
     "LOADING_STAGES",
     "LoaderStats",
     "ProgressBar",
+    "ScalarWriter",
     "STAGES",
     "STAGE_MEANINGS",
     "StageStats",
