@@ -113,3 +113,11 @@ def test_without_indices_the_samples_are_named_by_their_place_in_the_batch(num_w
     # (With workers, each holds a whole copy of the stream: the same third batch fails.)
     assert "sample 0 has shape (3,) but sample 1 has shape (4,)" in text, text
     assert "dataset[" not in text, text
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_numpy_indices_are_named_as_plain_numbers(num_workers):
+    """A batch sampler that yields numpy arrays of indices: dataset[9], not dataset[np.int64(9)]."""
+    loader = conveyor.DataLoader(Tokens(), batch_sampler=[np.array([5, 9, 2])], num_workers=num_workers)
+    text = collate_error(loader)
+    assert "dataset[5] has shape (3,) but dataset[9] has shape (4,)" in text, text

@@ -13,6 +13,7 @@ batch's collation), else by its position in the batch (``sample 1``).
 from __future__ import annotations
 
 import collections.abc
+import numbers
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -88,7 +89,10 @@ def _sample(position: int) -> str:
     when its dataset index is known, else ``sample 1``."""
     indices = _DATASET_INDICES.get()
     if indices is not None and 0 <= position < len(indices):
-        return f"dataset[{_format_key(indices[position])}]"
+        index = indices[position]
+        if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+            index = int(index)  # numpy's int64 reads as np.int64(9) since numpy 2
+        return f"dataset[{_format_key(index)}]"
     return f"sample {position}"
 
 
