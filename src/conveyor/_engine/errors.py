@@ -293,3 +293,17 @@ def transport_error(doing: str, what: str, worker: str, cause: BaseException, wh
     error = TransportError(text)
     error.__cause__ = cause
     return error
+
+
+def live_workers_error(workers: list, threads: bool) -> TypeError:
+    """Why a loader holding live persistent workers cannot be pickled or
+    deep-copied (torch refuses too, less clearly), and what to do instead."""
+    kind = "threads" if threads else "processes"
+    some = (kind[:-1] if threads else "process") if len(workers) == 1 else kind
+    return TypeError(
+        f"cannot pickle or deep-copy a DataLoader that holds live persistent workers: {len(workers)} worker "
+        f"{some} ({', '.join(workers)}), kept between passes by persistent_workers=True. Worker {kind}, and the "
+        f"pipes and shared memory that reach them, cannot be pickled. Pickle or copy the loader before its first "
+        f"pass, or build a new DataLoader with the same arguments and give it this one's state_dict() "
+        f"(load_state_dict) to go on where it stands."
+    )

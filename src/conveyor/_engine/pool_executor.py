@@ -40,7 +40,15 @@ from time import perf_counter
 from traceback import format_tb
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
-from .errors import add_note, batch_error, describe_indices, rebuild_exception, transport_error, worker_ended_error
+from .errors import (
+    add_note,
+    batch_error,
+    describe_indices,
+    live_workers_error,
+    rebuild_exception,
+    transport_error,
+    worker_ended_error,
+)
 from .executor import Delivered, PlannedBatch, Timings, pack_delivery_times, skipped_records
 from .fetch import FetchSpec
 from .messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
@@ -476,6 +484,11 @@ class PoolExecutor:
     @property
     def broken(self) -> bool:
         return self._error is not None
+
+    def __reduce__(self):
+        """Refused, naming the workers: a loader that keeps its workers
+        (persistent_workers=True) cannot be pickled or deep-copied with them."""
+        raise live_workers_error([worker.describe() for worker in self._workers], self.config.threads)
 
     def _fresh_error(self) -> BaseException:
         """A copy of the stored error to raise. The stored one is never raised
