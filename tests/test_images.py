@@ -252,3 +252,38 @@ def test_the_torch_facade_gives_uint8_tensors(folder):
 
 def test_the_libraries_in_use_are_named():
     assert decoders() == {"jpeg": "turbojpeg", "resize": "opencv"}
+
+
+# -------------------------------------------------------------------- pack
+@pytest.mark.timeout(120)
+def test_pack_stores_large_images_smaller_and_shards_read_them_through_the_same_path(tmp_path, capsys):
+    from conveyor.cli import main as cli
+    from conveyor.shards import ShardDataset
+
+    root = tmp_path / "photos"
+    (root / "a").mkdir(parents=True)
+    large, small = jpeg(900, 1200, 1), jpeg(240, 320, 2)
+    (root / "a" / "large.jpg").write_bytes(large)
+    (root / "a" / "small.jpg").write_bytes(small)
+    (root / "a" / "wide.png").write_bytes(encode(photo_like(300, 800, 3), "PNG"))
+    out = tmp_path / "shards"
+    args = ["pack", str(root), str(out), "--max-bytes", "1M", "--max-side", "400", "--keep-original", "--workers", "1"]
+    assert cli(args) == 0
+    dataset = ShardDataset(out)
+    samples = [dataset[i] for i in range(3)]
+    (shrunk,) = [s for s in samples if s.get("orig.jpg") == large]
+    with Image.open(io.BytesIO(shrunk["jpg"])) as image:
+        assert image.format == "JPEG" and image.size == (400, 300)
+    (wide,) = [s for s in samples if "orig.png" in s]
+    with Image.open(io.BytesIO(wide["jpg"])) as image:  # (the PNG became a JPEG of 400 x 150)
+        assert image.size == (400, 150)
+    assert [s for s in samples if s.get("jpg") == small and "orig.jpg" not in s]  # within 400: kept as it was
+    # The same crop of the stored copy and of the original (the box in each one's pixels) agree.
+    transform = RandomResizedCrop(128)
+    stored = crop_of(transform, shrunk["jpg"], Box(30, 40, 240, 300))
+    assert psnr(stored, reference(large, Box(90, 120, 720, 900), (128, 128))) >= 30
+    loader = conveyor.DataLoader(ShardDataset(out, transform=lambda s: (transform(s["jpg"]), s["cls"])), batch_size=3, num_workers=2)
+    images, labels = next(iter(loader))
+    assert images.shape == (3, 128, 128, 3) and list(labels) == [0, 0, 0]
+    assert cli(["pack", str(root), str(tmp_path / "o2"), "--max-samples", "2", "--keep-original"]) == 2
+    assert "--keep-original goes with --max-side" in capsys.readouterr().err

@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 from .factory import FactoryError
 from .pack_sources import PackError, PackFailed
@@ -38,6 +39,13 @@ Links: a file or class folder of SRC that is a symbolic link leading out of
 SRC is skipped, and listed, unless --follow-links is given. A link that
 stays inside SRC is packed as the file it leads to.
 
+Images: --max-side N stores each image larger than N pixels on its longer
+side as a JPEG at most N on a side (quality --quality, default 90), under
+"jpg"; smaller ones and other members are kept as they are; --keep-original
+also stores each re-encoded file as it was, under "orig.<ext>". Decoding
+cost grows with the pixels stored, so large photos read far faster
+(docs/images.md); ShardDataset and conveyor.images read them as any JPEG.
+
 --verify FOLDER checks the manifest, each shard's size and SHA-256, and
 each index against a fresh scan of its tar; it prints one FAIL line per
 problem and exits 1 if there is any.
@@ -45,6 +53,7 @@ problem and exits 1 if there is any.
 examples:
   conveyor pack data/train shards/train --max-bytes 1G
   conveyor pack mypkg.data:make_dataset shards/train --max-samples 10000 --workers 8
+  conveyor pack photos/ shards/photos --max-bytes 1G --max-side 512
   conveyor pack --verify shards/train
 """
 
@@ -67,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--follow-links", action="store_true", help="also pack files and folders that link to places outside SRC"
     )
+    parser.add_argument(
+        "--max-side", metavar="N", type=int, default=None,
+        help="store images larger than N pixels on a side as JPEGs at most N on a side",
+    )  # fmt: skip
+    parser.add_argument("--quality", metavar="Q", type=int, default=90, help="JPEG quality of re-encoded images (default 90)")
+    parser.add_argument("--keep-original", action="store_true", help="with --max-side, also store each original file")
     parser.add_argument("--verify", action="store_true", help="check the packed folder SRC instead of packing")
 
 
@@ -77,6 +92,20 @@ def _bytes(text: str) -> int:
         return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or with K, M, G, T)") from None
+
+
+def _reencode(args: argparse.Namespace) -> Any:
+    """--max-side and its companions as a conveyor.images Reencode; None without --max-side."""
+    if args.max_side is None:
+        if args.keep_original:
+            raise PackError("--keep-original goes with --max-side N (the originals of the images re-encoded)")
+        return None
+    from ..images.reencode import Reencode
+
+    try:
+        return Reencode(args.max_side, args.quality, args.keep_original)
+    except ValueError as exc:
+        raise PackError(f"--max-side/--quality: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
             raise PackError("--max-samples, --max-bytes and --workers must be at least 1")
         started = time.perf_counter()
         bounds = (args.max_samples, args.max_bytes)
-        manifest = pack(args.src, args.out, *bounds, args.workers, follow_links=args.follow_links)
+        reencode = _reencode(args)
+        manifest = pack(args.src, args.out, *bounds, args.workers, follow_links=args.follow_links, reencode=reencode)
     except (PackError, FactoryError) as exc:
         print(f"conveyor pack: error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, PackFailed) else 2

@@ -106,10 +106,38 @@ class DatasetSource:
         return [len(data) for _, data in self.members(i)]
 
 
-def open_source(src: str, follow_links: bool = False) -> Any:
-    """The source ``src`` names: a folder, or ``MODULE:FACTORY``."""
+class ReencodedSource:
+    """Another source with its images stored smaller (``--max-side``:
+    conveyor.images.reencode). Measuring a sample (for ``--max-bytes``)
+    re-encodes it too."""
+
+    def __init__(self, source: Any, reencode: Any):
+        self.source, self.reencode = source, reencode
+        self.classes, self.skipped = source.classes, source.skipped
+        self.description = f"{source.description}, {reencode.describe()}"
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def members(self, i: int) -> list[tuple[str, bytes]]:
+        try:
+            return self.reencode.members(self.source.members(i))
+        except OSError:
+            raise
+        except Exception as exc:  # (Pillow's errors for a damaged image)
+            raise PackFailed(f"cannot re-encode the image of sample {i}: {type(exc).__name__}: {exc}") from None
+
+    def sizes(self, i: int) -> list[int]:
+        return [len(data) for _, data in self.members(i)]
+
+
+def open_source(src: str, follow_links: bool = False, reencode: Any = None) -> Any:
+    """The source ``src`` names: a folder, or ``MODULE:FACTORY``; its images
+    stored as ``reencode`` (a conveyor.images.reencode.Reencode) says, when given."""
     if os.path.isdir(src):
-        return FolderSource(src, follow_links)
-    if ":" in src:
-        return DatasetSource(src)
-    raise PackError(f"{src} is neither a folder nor MODULE:FACTORY")
+        source: Any = FolderSource(src, follow_links)
+    elif ":" in src:
+        source = DatasetSource(src)
+    else:
+        raise PackError(f"{src} is neither a folder nor MODULE:FACTORY")
+    return source if reencode is None else ReencodedSource(source, reencode)

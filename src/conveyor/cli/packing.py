@@ -85,10 +85,10 @@ def _io(doing: str, path: str) -> Iterator[None]:
 _source: Any = None  # (the source: inherited by forked writing processes, opened anew by spawned ones)
 
 
-def _adopt(src: str, follow_links: bool) -> None:
+def _adopt(src: str, follow_links: bool, reencode: Any = None) -> None:
     global _source
     if _source is None:
-        _source = open_source(src, follow_links)
+        _source = open_source(src, follow_links, reencode)
 
 
 def _sizes_of(i: int) -> list[int]:
@@ -189,21 +189,23 @@ def pack(
     workers: int,
     start_method: Optional[str] = None,
     follow_links: bool = False,
+    reencode: Any = None,
 ) -> dict:
     """Pack ``src`` into ``out``; the manifest. The writing processes start
     with ``start_method`` (default: fork where there is one, else spawn).
     Links out of a folder ``src`` are skipped (listed on stderr) unless
-    ``follow_links``. Raises PackError (bad input) or PackFailed (I/O)."""
+    ``follow_links``; images are stored as ``reencode`` says when given
+    (``--max-side``). Raises PackError (bad input) or PackFailed (I/O)."""
     global _source
     with _io("read", src):
-        _source = open_source(src, follow_links)
+        _source = open_source(src, follow_links, reencode)
     _tell_skipped(_source.skipped)
     with _io("create the folder", out):
         os.makedirs(out, exist_ok=True)
     if start_method is None:
         start_method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     context = multiprocessing.get_context(start_method)
-    processes = _Processes(context, src, follow_links)
+    processes = _Processes(context, src, follow_links, reencode)
     planned = _plan(out, max_samples, max_bytes, workers, processes)
     records: dict[int, dict] = {}
     todo = []
@@ -261,12 +263,12 @@ class _Processes:
     run one function over many items; a failure in one stops the others
     taking more, and a process that dies is a PackFailed, not a hang."""
 
-    def __init__(self, context: Any, src: str, follow_links: bool):
-        self.context, self.src, self.follow_links = context, src, follow_links
+    def __init__(self, context: Any, src: str, follow_links: bool, reencode: Any = None):
+        self.context, self.src, self.follow_links, self.reencode = context, src, follow_links, reencode
 
     def _pool(self, workers: int) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
-            workers, mp_context=self.context, initializer=_adopt, initargs=(self.src, self.follow_links)
+            workers, mp_context=self.context, initializer=_adopt, initargs=(self.src, self.follow_links, self.reencode)
         )
 
     def map(self, function: Any, items: range, workers: int) -> list:
