@@ -73,7 +73,9 @@ def main(out: str) -> None:
     # 2. Each rank's share is the one accelerate gives a torch loader (42 samples: the last round is padded).
     ours = accelerator.prepare(data.DataLoader(list(range(42)), batch_size=4))
     torch_share = accelerate_prepare(tud.DataLoader(list(range(42)), batch_size=4), num_processes=ranks, process_index=rank)
-    result["share"] = {"conveyor": [b.tolist() for b in ours], "torch": [b.tolist() for b in torch_share]}
+    gathered = [accelerator.gather_for_metrics(batch) for batch in ours]  # (drops the last round's padding)
+    result["share"] = {"conveyor": [b.tolist() for b in ours], "torch": [b.tolist() for b in torch_share],
+                       "gathered": torch.cat(gathered).tolist()}
 
     # 3. save_state / load_state mid-epoch, process workers, augmentations from torch's global generator.
     def process_loader() -> AcceleratedDataLoader:

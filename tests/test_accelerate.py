@@ -68,6 +68,7 @@ def test_prepare_keeps_conveyor_per_rank_and_save_state_resumes_exactly(tmp_path
                                                               for n in range(per_rank)]  # fmt: skip
         # This rank's share is the one accelerate gives torch's loader (padding included).
         assert result["share"]["conveyor"] == result["share"]["torch"]
+        assert result["share"]["gathered"] == list(range(42))  # gather_for_metrics: every sample once, in order
         resume = result["resume"]
         assert resume["skip_returns_loader"]
         assert resume["resumed"] == resume["uninterrupted"]
