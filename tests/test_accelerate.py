@@ -95,3 +95,47 @@ def test_accelerates_own_accelerator_warns_that_it_rebuilds_a_conveyor_loader():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         accelerate.Accelerator(cpu=True).prepare(tud.DataLoader(list(range(8))))  # torch's own loader: no warning
+
+
+def test_skip_first_batches_resumes_a_loaded_state_or_loads_and_drops_and_refuses_another_count():
+    import torch.utils.data as tud
+
+    import conveyor.torch as data
+    from conveyor.integrations.accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+
+    def prepared():
+        return accelerator.prepare(data.DataLoader(list(range(12)), batch_size=2, shuffle=True, seed=0))
+
+    whole = [batch.tolist() for batch in prepared()]
+    with pytest.warns(UserWarning, match="loads and drops its first 2 batches"):
+        skipped = accelerator.skip_first_batches(prepared(), 2)
+    assert len(skipped) == 4 and [batch.tolist() for batch in skipped] == whole[2:]
+
+    saving = prepared()
+    batches = iter(saving)
+    next(batches), next(batches)
+    resumed = prepared()
+    resumed.load_state_dict(saving.state_dict())
+    with pytest.raises(ValueError, match="resumes after batch 2, not 3"):
+        accelerator.skip_first_batches(resumed, 3)
+    assert accelerator.skip_first_batches(resumed, 2) is resumed
+    assert [batch.tolist() for batch in resumed] == whole[2:]
+    assert resumed.stats().batches == 4  # the two before were not loaded
+
+    torch_loader = accelerator.skip_first_batches(tud.DataLoader(list(range(4))), 1)  # accelerate's, as before
+    assert [batch.tolist() for batch in torch_loader] == [[1], [2], [3]]
+
+
+def test_prepare_data_loader_refuses_what_it_cannot_prepare():
+    import torch.utils.data as tud
+
+    import conveyor.torch as data
+    from conveyor.integrations.accelerate import Accelerator, prepare_data_loader
+
+    accelerator = Accelerator(cpu=True)
+    with pytest.raises(TypeError, match="conveyor.torch.DataLoader"):
+        prepare_data_loader(tud.DataLoader(list(range(4))), accelerator)
+    with pytest.raises(ValueError, match="batch_size=None"):
+        prepare_data_loader(data.DataLoader(list(range(4)), batch_size=None), accelerator)

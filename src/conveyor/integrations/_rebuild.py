@@ -73,7 +73,7 @@ def _first_outside(prefixes: tuple) -> int:
     """The ``stacklevel`` that points a warning raised by this module's
     caller at the first frame outside the ``prefixes`` modules (the user's
     line that called the framework)."""
-    level, frame = 1, sys._getframe(1)
+    level, frame = 1, sys._getframe(1)  # type: int, Optional[Any]
     while frame is not None and (_module(frame).startswith(prefixes) or _module(frame) == __name__):
         level, frame = level + 1, frame.f_back
     return level

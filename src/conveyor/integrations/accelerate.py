@@ -87,7 +87,7 @@ class AcceleratedDataLoader(DataLoaderStateMixin, _ctorch.DataLoader):
     def total_dataset_length(self) -> int:
         return len(self.dataset)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # (a generator, as accelerate's DataLoaderShard)
         if self.rng_types:
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         self.begin()
@@ -106,6 +106,7 @@ class AcceleratedDataLoader(DataLoaderStateMixin, _ctorch.DataLoader):
         without loading the next one (the loader's state stays exact)."""
         total = len(self)
         progress = self._tracker._progress  # (counts a resumed pass's earlier batches too)
+        assert progress is not None  # (made by the pass that yields `batches`)
         for batch in batches:
             self.end_of_dataloader = progress.count >= total
             yield self._placed(batch)
