@@ -430,3 +430,4 @@ class WorkerPool:
             self.slots.close()
         if self.stop_flag is not None:
             self.stop_flag.close()
+            self.stop_flag = None  # (a second stop has no flag to raise)

@@ -229,6 +229,9 @@ class StopFlag:
         return self._map[0] == 1
 
     def close(self) -> None:
+        """Let go of the map (which holds a descriptor of its own) and, for
+        the owner, the file."""
+        self._map.close()
         if self.owner:
             try:
                 os.close(self.fd)
