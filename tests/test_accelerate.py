@@ -139,3 +139,13 @@ def test_prepare_data_loader_refuses_what_it_cannot_prepare():
         prepare_data_loader(tud.DataLoader(list(range(4))), accelerator)
     with pytest.raises(ValueError, match="batch_size=None"):
         prepare_data_loader(data.DataLoader(list(range(4)), batch_size=None), accelerator)
+
+
+def test_import_conveyor_imports_no_framework():
+    code = (
+        "import sys, conveyor, conveyor.torch, conveyor.integrations; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('accelerate', 'transformers', 'tensorboard')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
