@@ -149,3 +149,24 @@ def test_import_conveyor_imports_no_framework():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.timeout(120)
+def test_an_iterable_loader_sees_its_end_coming_and_its_state_is_the_loop_s():
+    import conveyor.torch as data
+    from conveyor.integrations.accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+
+    def prepared():
+        return accelerator.prepare(data.DataLoader(data.ShardedIterable(list(range(10))), batch_size=4, num_workers=2))
+
+    loader = prepared()
+    ends = [(batch.tolist(), accelerator.gradient_state.end_of_dataloader) for batch in loader]
+    assert [end for _, end in ends] == [False, False, False, True]  # (2 workers: 2 batches each, the last short)
+    batches = iter(loader)
+    next(batches)  # the next batch is held to see the end coming; the state is still after the first
+    resumed = prepared()
+    with pytest.warns(UserWarning, match="reads again"):  # (ShardedIterable has no state of its own)
+        resumed.load_state_dict(loader.state_dict())
+    assert [batch.tolist() for batch in resumed] == [batch for batch, _ in ends[1:]]

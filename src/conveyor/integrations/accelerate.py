@@ -202,7 +202,8 @@ def _prepared(loader: Any, accelerator: Any, device_placement: Optional[bool]) -
         generator = _synchronized_generator(getattr(loader.batch_sampler, "sampler", None))
     if generator is None and "generator" in rng_types:
         rng_types.remove("generator")
-    prepared = rebuilt(loader, AcceleratedDataLoader, share if share is not None else loader.batch_sampler)
+    keep = None if loader._iterable else loader.batch_sampler  # (an iterable's batches come from batch_size)
+    prepared = rebuilt(loader, AcceleratedDataLoader, share if share is not None else keep)
     if device_placement is None:
         device_placement = accelerator.device_placement
     prepared.device = accelerator.device if device_placement else None
