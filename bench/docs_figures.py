@@ -110,7 +110,8 @@ def _difference(said: str, expected: str) -> str:
 
 
 #: Numbers that read as measurements: a ratio (4.6×) or a rate or time per batch.
-LOOKS_MEASURED = re.compile(r"\d[\d,.]*\s?(?:×|(?:samples|batches)/s\b|µs\b|[GM]B/s\b)")
+#: (A × between two numbers is a size, 375 × 500 or 64×3×224, not a ratio.)
+LOOKS_MEASURED = re.compile(r"(?<![\d×]\s)(?<![\d×])\d[\d,.]*\s?(?:×(?!\s?\d)|(?:samples|batches)/s\b|µs\b|[GM]B/s\b)")
 _CODE_BLOCK = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 
 #: Phrases whose numbers look measured but are not, each with what it is.

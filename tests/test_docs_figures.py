@@ -107,6 +107,7 @@ def test_a_measurement_typed_into_a_doc_by_hand_is_found(tmp_path):
     doc = tmp_path / "notes.md"
     doc.write_text(
         "Throughput went up 2.2× to 1,210 batches/s, 58 µs a batch.\n"
+        "Sizes are not ratios: 375 × 500 pixels, batches of 64×3×224×224.\n"
         "```\n4.6× inside a code block is a program's output\n```\n"
         "Generated: <!-- bench:i.ratio -->2.7×<!-- /bench -->.\n"
     )
