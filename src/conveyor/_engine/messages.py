@@ -35,6 +35,11 @@ class Task:
     #: A resumed epoch's first task to a worker: where its copy of an
     #: iterable dataset stood (see ``worker.iterable_state``).
     restore: Any = None
+    #: Threads that fill the batch's self-filling leaves (rows.RowPlacer):
+    #: more than 1 for the first batch of an epoch, which the loop waits for;
+    #: 0: one thread at a lower CPU priority (another worker's first batch
+    #: while that one loads).
+    fill_threads: int = 1
 
 
 @dataclass(frozen=True)

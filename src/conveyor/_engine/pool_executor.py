@@ -40,6 +40,7 @@ from time import perf_counter
 from traceback import format_tb
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
+from .cpu import usable_cores
 from .errors import (
     add_note,
     batch_error,
@@ -69,6 +70,12 @@ from .workers import EXITED, Broken, Sent, WorkerView, Workers
 #: process is busy (bench b: about 1.6x the batches/s). A prefetch_factor
 #: the user gives is a bound, kept exactly.
 SMALL_BATCH_WINDOW = 16
+
+
+#: Threads filling the self-filling leaves of an epoch's first batch (rows.RowPlacer):
+#: one per usable core, so that the batch the loop waits for does not wait for
+#: one thread while the other workers are still starting.
+FIRST_BATCH_FILL_THREADS = usable_cores()
 
 
 class Lifecycle(enum.Enum):
@@ -154,6 +161,10 @@ class PoolExecutor:
         self._started_at = 0.0
         #: Seconds the workers took to be ready, until a delivered batch carries it.
         self._ready_s: Optional[float] = None
+        #: The next task is an epoch's first (the loop waits for it while the other workers start).
+        self._first_task = False
+        #: That first batch's index while it loads (None once it is back, or before an epoch).
+        self._first_batch: Optional[int] = None
 
     # ----------------------------------------------------------------- start
     def start(self) -> None:
@@ -215,6 +226,7 @@ class PoolExecutor:
         self._tasks = tasks
         self._plan_done = False
         self._pending.clear()
+        self._first_task = True
         self._cycle = itertools.count()  # round robin starts at worker 0, as torch's
         for worker in self._workers:
             worker.active = True
@@ -334,7 +346,19 @@ class PoolExecutor:
         worker.outstanding.append(Sent(self._epoch_id, planned.batch_index, slot))
         self._pending[planned.batch_index] = planned
         restore = self._restore.pop(worker.id, None)
-        return Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices, slot, restore)
+        return Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices, slot, restore, self._fill_threads(worker, planned))
+
+    def _fill_threads(self, worker: WorkerView, planned: PlannedBatch) -> int:
+        """How the batch's self-filling leaves (decoded images: rows.RowPlacer)
+        are filled: an epoch's first batch, which the loop waits for, with a
+        thread per core; another worker's first batch while that one loads,
+        at a lower CPU priority (0), so as not to take the cores from it; else 1."""
+        if self._first_task:
+            self._first_task, self._first_batch = False, planned.batch_index
+            return FIRST_BATCH_FILL_THREADS
+        if self._first_batch in self._pending and len(worker.outstanding) == 1:
+            return 0
+        return 1
 
     # ------------------------------------------------------------- collect
     def _wait(self, deadline: Optional[float]) -> None:

@@ -17,6 +17,8 @@ are and collate takes its usual path (and its usual errors).
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -48,14 +50,27 @@ class SlotAllocator:
 class RowPlacer(SlotAllocator):
     """A :class:`SlotAllocator` that places each sample's arrays in their
     rows of the batch as the sample is made (``place``) and hands those
-    buffers to collate (``claim``). One per task."""
+    buffers to collate (``claim``). One per task.
 
-    def __init__(self, writer: SlotWriter, batch_size: int):
+    With ``fill_threads`` > 1 (the first batch of an epoch, which the loop
+    waits for), leaves that fill themselves are filled after the samples are
+    made, shared out over that many threads (their fills release the GIL:
+    decoding), before collate sees any row; with 0 (another worker's batch
+    meanwhile), by one thread at a lower CPU priority (``_BACKGROUND_NICE``)."""
+
+    def __init__(self, writer: SlotWriter, batch_size: int, fill_threads: int = 1):
         super().__init__(writer)
         self._batch_size = batch_size
         self._buffers: dict[tuple, np.ndarray] = {}
         #: id(row view) -> (row view, buffer, row number)
         self._rows: dict[int, tuple] = {}
+        self._fill_threads = fill_threads
+        #: (leaf, row) whose fill waits for _fill_pending (fill_threads > 1).
+        self._pending: list[tuple[Any, np.ndarray]] = []
+
+    def __call__(self, shape: tuple, dtype: Any) -> np.ndarray:
+        self._fill_pending()
+        return super().__call__(shape, dtype)
 
     def place(self, sample: Any, k: int) -> Any:
         """``sample`` with its arrays copied into row ``k`` and replaced by the row views."""
@@ -92,8 +107,40 @@ class RowPlacer(SlotAllocator):
         row = self._row_for(shape, dtype, path, k)
         if row is None:
             return value
-        value.fill_into(row)
+        if self._fill_threads != 1:
+            self._pending.append((value, row))
+        else:
+            value.fill_into(row)
         return row
+
+    def _fill_pending(self) -> None:
+        """Fill the rows put off, over ``fill_threads`` threads (this one
+        included; threads made for this batch and joined: it happens once an
+        epoch, and leaves nothing running)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        errors: list[BaseException] = []
+        if self._fill_threads == 0:
+            thread = threading.Thread(target=_fill, args=(pending, errors, _BACKGROUND_NICE), name="conveyor-fill-bg", daemon=True)
+            thread.start()
+            thread.join()
+            if errors:
+                raise errors[0]
+            return
+        shares = [pending[t :: self._fill_threads] for t in range(self._fill_threads)]
+        threads = [
+            threading.Thread(target=_fill, args=(share, errors), name=f"conveyor-fill-{t}", daemon=True)
+            for t, share in enumerate(shares[1:], 1)
+            if share
+        ]
+        for thread in threads:
+            thread.start()
+        _fill(shares[0], errors)
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
 
     def _place_array(self, array: np.ndarray, path: tuple, k: int) -> np.ndarray:
         if array.ndim == 0 or array.dtype.kind not in _ROW_KINDS or not array.dtype.isnative or k >= self._batch_size:
@@ -107,6 +154,7 @@ class RowPlacer(SlotAllocator):
     def claim(self, arrays: Sequence[np.ndarray], dtype: np.dtype) -> Optional[np.ndarray]:
         """The buffer whose rows 0..B-1 are exactly ``arrays``, if its dtype is
         ``dtype`` (collate's result); else None."""
+        self._fill_pending()
         first = self._rows.get(id(arrays[0]))
         if first is None or first[0] is not arrays[0]:
             return None
@@ -118,3 +166,23 @@ class RowPlacer(SlotAllocator):
             if entry is None or entry[0] is not array or entry[1] is not buffer or entry[2] != k:
                 return None
         return buffer
+
+
+#: The niceness of a background fill thread (fill_threads=0): under contention
+#: it gets about a tenth of a core's share, and it ends with its batch.
+_BACKGROUND_NICE = 10
+
+
+def _fill(share: list, errors: list, nice: int = 0) -> None:
+    """Fill each (leaf, row) of ``share`` (this thread first made ``nice``r
+    where the system allows it); the first error is kept in ``errors``."""
+    if nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)  # (Linux: this thread only)
+        except (AttributeError, OSError):
+            pass
+    try:
+        for leaf, row in share:
+            leaf.fill_into(row)
+    except BaseException as exc:  # (re-raised by the thread that collates)
+        errors.append(exc)

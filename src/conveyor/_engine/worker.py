@@ -374,7 +374,7 @@ def _allocator(spec: FetchSpec, task: Task, writer: Optional[SlotWriter]) -> Any
     if writer is None:
         return allocate_batch
     if spec.auto_collation and not spec.iterable:
-        return RowPlacer(writer, len(task.indices))
+        return RowPlacer(writer, len(task.indices), task.fill_threads)
     return SlotAllocator(writer)
 
 

@@ -1,0 +1,81 @@
+"""Leaves that fill themselves (``shape``, ``dtype``, ``fill_into(out)``, as
+conveyor.images' PendingImage) are made straight in their row of the batch
+by the worker's row placement: no array of their own, no copy; with more
+than one fill thread (an epoch's first batch) the fills are shared out and
+done before collate reads a row."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from conveyor.collate import collate_into
+from conveyor._engine.rows import RowPlacer
+
+
+class Writer:
+    """The slot writer's allocate: one arena the test can inspect."""
+
+    def __init__(self):
+        self.arrays = []
+
+    def allocate(self, shape, dtype):
+        array = np.empty(shape, dtype)
+        self.arrays.append(array)
+        return array
+
+
+class Filled:
+    """A leaf that writes ``value`` into the row it is given, noting where and in which thread."""
+
+    shape, dtype = (4, 3), np.dtype(np.uint8)
+
+    def __init__(self, value, fail=False):
+        self.value, self.fail, self.out, self.thread = value, fail, None, None
+
+    def fill_into(self, out):
+        if self.fail:
+            raise ValueError(f"cannot decode sample {self.value}")
+        self.out, self.thread = out, threading.current_thread().name
+        out[...] = self.value
+
+
+def test_a_leaf_fills_its_row_of_the_batch_and_collate_takes_the_buffer_as_it_is():
+    writer = Writer()
+    placer = RowPlacer(writer, 3)
+    leaves = [Filled(k) for k in range(3)]
+    samples = [placer.place({"image": leaf, "label": k}, k) for k, leaf in enumerate(leaves)]
+    (buffer, *_) = writer.arrays
+    assert buffer.shape == (3, 4, 3)
+    assert all(leaf.out.base is buffer or leaf.out.base is buffer.base for leaf in leaves)  # a view of the batch
+    batch = collate_into(samples, placer)
+    assert batch["image"] is buffer  # claimed: no second copy
+    assert [int(v) for v in batch["image"][:, 0, 0]] == [0, 1, 2] and list(batch["label"]) == [0, 1, 2]
+
+
+def test_a_leaf_that_does_not_fit_is_left_for_collate():
+    placer = RowPlacer(Writer(), 2)
+    first = placer.place(np.zeros((2, 2), np.uint8), 0)
+    leaf = Filled(5)
+    assert placer.place(leaf, 1) is leaf and leaf.out is None  # another shape: not placed
+    assert first.shape == (2, 2)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_with_fill_threads_the_rows_are_filled_before_collate_reads_them(threads):
+    placer = RowPlacer(Writer(), 7, fill_threads=threads)
+    leaves = [Filled(10 + k) for k in range(7)]
+    samples = [placer.place(leaf, k) for k, leaf in enumerate(leaves)]
+    assert all(leaf.out is None for leaf in leaves)  # put off until collate asks
+    batch = collate_into(samples, placer)
+    assert [int(v) for v in batch[:, 0, 0]] == list(range(10, 17))
+    assert len({leaf.thread for leaf in leaves}) == threads  # shared out over the threads
+
+
+def test_a_failing_fill_raises_from_collate():
+    placer = RowPlacer(Writer(), 4, fill_threads=2)
+    samples = [placer.place(Filled(k, fail=k == 3), k) for k in range(4)]
+    with pytest.raises(ValueError, match="cannot decode sample 3"):
+        collate_into(samples, placer)
