@@ -622,6 +622,33 @@ def test_batch_sampler_drops_its_resume_with_the_inner_one():
     assert len(list(resumed)) == 4
 
 
+@pytest.mark.parametrize("stop", ["in a resumed epoch", "in an epoch of one batch"])
+def test_a_batch_sampler_saved_after_the_batch_that_ended_its_inner_sampler_resumes_the_later_epochs(stop):
+    """The first batch of an iteration can be its last (the one batch a
+    resumed epoch had left, or an epoch of one batch): the state saved after
+    it names the epoch that batch ended, so later epochs follow as uninterrupted.
+    (It named the next epoch: a resumed run then skipped one epoch's order.)"""
+    n = 10 if stop == "in a resumed epoch" else 3
+
+    def make():
+        return BatchSampler(RandomSampler(range(n), seed=3), 4, False)
+
+    expected = epochs(make(), 3)
+    sampler = make()
+    it = iter(sampler)
+    head = []
+    if n == 10:  # 3 batches: save after 2, resume; the resumed epoch's first batch is its last
+        head = [next(it), next(it)]
+        state = json_round_trip(sampler.state_dict())
+        sampler = make()
+        sampler.load_state_dict(state)
+        it = iter(sampler)
+    head.append(next(it))  # the batch that ends the inner sampler's iteration
+    resumed = make()
+    resumed.load_state_dict(json_round_trip(sampler.state_dict()))
+    assert [head + list(resumed)] + epochs(resumed, 2) == expected
+
+
 @pytest.mark.parametrize(
     "saved, loaded, fragment",
     [
@@ -786,6 +813,28 @@ def test_sharded_sampler_resumes_mid_epoch_and_moves_on_by_epoch():
     resumed = make()
     resumed.load_state_dict(json.loads(json.dumps(state)))
     assert list(resumed) == rest
+
+
+@pytest.mark.parametrize("inner", ["a generator", "its epoch"])
+def test_a_sharded_sampler_saved_between_epochs_carries_the_wrapped_samplers_state(inner):
+    """Between epochs the wrapped sampler has moved on (its generator, or
+    the epoch it draws from): the state holds where it stands, so the next
+    epoch is the uninterrupted run's. (It held nothing: a resumed run drew
+    the first epoch's order again.)"""
+
+    def make():
+        if inner == "a generator":
+            wrapped = conveyor.WeightedRandomSampler([1.0, 2.0, 3.0, 4.0, 5.0], 9, generator=np.random.default_rng(4))
+        else:
+            wrapped = conveyor.TokenBudgetBatchSampler([3, 9, 1, 4, 4, 7, 2, 8, 5, 6], max_tokens=12, seed=1)
+        return conveyor.ShardedSampler(wrapped, num_replicas=2, rank=1)
+
+    expected = epochs(make(), 3)
+    sampler = make()
+    first = list(sampler)
+    resumed = make()
+    resumed.load_state_dict(json_round_trip(sampler.state_dict()))
+    assert [first] + epochs(resumed, 2) == expected
 
 
 def test_sharded_sampler_checks_its_arguments():

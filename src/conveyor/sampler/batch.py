@@ -27,9 +27,9 @@ class _BatchRun:
     __slots__ = ("inner_start", "items", "first_batch")
 
     def __init__(self) -> None:
-        #: Jumping (a conveyor inner sampler): its state after the first
-        #: batch. Replaying (any other): what reproduces its iteration, taken
-        #: before the first draw (see replay_point).
+        #: Jumping (a conveyor inner sampler): its state once it has handed
+        #: out its first item. Replaying (any other): what reproduces its
+        #: iteration, taken before the first draw (see replay_point).
         self.inner_start: Any = None
         self.items = 0
         self.first_batch: str | None = None
@@ -201,6 +201,8 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
         if not jumps:
             run.inner_start = replay_point(self.sampler, self._flavor)
         indices = iter(self.sampler)
+        if jumps:
+            indices = self._noting_inner_start(indices, run)
         size, drop_last = self.batch_size, self.drop_last
         batches: Iterator[list[int]] = iter(lambda: list(itertools.islice(indices, size)), [])
         if not jumps and resume is not None:
@@ -213,14 +215,24 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
                 break
             if run.first_batch is None:
                 run.first_batch = batch_fingerprint(batch)
-            if jumps and run.inner_start is None:
-                run.inner_start = self.sampler.state_dict()  # type: ignore[union-attr]
-                run.items = run.inner_start.get("position", 0) if _has_position(run.inner_start) else 0
-            else:
-                run.items += len(batch)
+            run.items += len(batch)
             cursor.advance()
             yield batch
         cursor.done = True
+
+    def _noting_inner_start(self, indices: Iterator[int], run: _BatchRun) -> Iterator[int]:
+        """``indices``, after noting the inner sampler's state once it has
+        handed out its first item: its iteration is under way then, even
+        when that first batch is its last (a state taken after the batch
+        would be the next iteration's)."""
+        try:
+            first = next(indices)
+        except StopIteration:
+            return indices
+        run.inner_start = self.sampler.state_dict()  # type: ignore[union-attr]
+        # Items handed out before this one: where the iteration (maybe a resumed one) started.
+        run.items = run.inner_start["position"] - 1
+        return itertools.chain((first,), indices)
 
     def __len__(self) -> int:
         if self.drop_last:

@@ -291,7 +291,8 @@ class ShardedSampler(_Resumable, Sampler[Any]):
 
     Resumable: its state holds the wrapped sampler's state from the start of
     the epoch, so a resumed iteration draws the same sequence again and goes
-    on from where it stopped (the wrapped sampler needs ``state_dict`` and
+    on from where it stopped, and between epochs where the wrapped sampler
+    stands, for the next epoch's draw (the wrapped sampler needs ``state_dict`` and
     ``load_state_dict``, as every conveyor sampler has). Each iteration moves
     to the next epoch; ``set_epoch`` sets it, and the wrapped sampler's.
 
@@ -341,6 +342,15 @@ class ShardedSampler(_Resumable, Sampler[Any]):
             yield items[self.rank :: self.num_replicas]
         elif items:
             yield _shard(items, self.num_replicas, self.rank, self.even == "drop")
+
+    def _idle_record(self) -> Any:
+        # Between epochs the wrapped sampler has moved on (its epoch, its
+        # generator): its state is what the next epoch draws from.
+        return self.sampler.state_dict() if self._stateful() else None
+
+    def _restore_idle(self, record: Any) -> None:
+        if record is not None:
+            self.sampler.load_state_dict(record)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not self._stateful():
