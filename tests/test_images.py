@@ -287,3 +287,26 @@ def test_pack_stores_large_images_smaller_and_shards_read_them_through_the_same_
     assert images.shape == (3, 128, 128, 3) and list(labels) == [0, 0, 0]
     assert cli(["pack", str(root), str(tmp_path / "o2"), "--max-samples", "2", "--keep-original"]) == 2
     assert "--keep-original goes with --max-side" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ doctor
+def test_doctor_points_jpeg_data_to_the_image_path_and_large_photos_to_max_side(tmp_path, capsys):
+    import json
+
+    from conveyor.cli import main as cli
+
+    small, large = tmp_path / "small" / "a", tmp_path / "large" / "a"
+    small.mkdir(parents=True)
+    large.mkdir(parents=True)
+    for i in range(3):
+        (small / f"{i}.jpg").write_bytes(jpeg(300, 400, i))
+        (large / f"{i}.jpg").write_bytes(encode(np.full((1500, 2000, 3), 90 + i, np.uint8), "JPEG", quality=90))
+
+    def images_check(folder):
+        cli(["doctor", "--data", str(folder), "--num-workers", "0", "--json"])
+        return {c["name"]: c for c in json.loads(capsys.readouterr().out)}["images"]
+
+    ok = images_check(tmp_path / "small")
+    assert ok["status"] == "OK" and "conveyor.images" in ok["detail"] and "400x300" in ok["detail"]
+    warned = images_check(tmp_path / "large")
+    assert warned["status"] == "WARN" and "--max-side 512" in warned["fix"]

@@ -454,7 +454,20 @@ def run_checks(num_workers: int, data: Optional[Path] = None) -> list[Check]:
     checks = [_safely(check_versions), _safely(check_cores, num_workers), _safely(check_start_method, num_workers)]
     checks += [_safely(check_threads), _safely(check_memfd, kind, why), _safely(check_shm, kind=kind)]
     checks += [_safely(check_open_files), _safely(check_accelerator)]
-    return checks + ([_safely(check_data, data)] if data is not None else [])
+    if data is not None:
+        checks.append(_safely(check_data, data))
+        images = _safely(check_images, data)
+        checks += [images] if images is not None else []
+    return checks
+
+
+def check_images(folder: Path) -> Optional[Check]:
+    """JPEGs in the data folder: whether conveyor.images decodes them fast
+    here, and whether they are large (conveyor/images/advice.py); None without JPEGs."""
+    from ..images.advice import jpeg_advice
+
+    found = jpeg_advice([path for path, _ in sample_files(Path(folder))]) if Path(folder).is_dir() else None
+    return None if found is None else Check("images", *found)
 
 
 def format_text(checks: Sequence[Check]) -> str:

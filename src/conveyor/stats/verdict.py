@@ -190,8 +190,10 @@ def _input_bound_advice(stats: "LoaderStats", slowest: Optional[str], share: flo
                 advice += f"; but other processes on this machine use {others:.0%} of its cores, so expect less"
             return advice
         what = {
-            "fetch": "make __getitem__ cheaper: faster decoding (a faster JPEG decoder, decoding at a lower "
-            "resolution), a packed record format instead of many small files, or augmentations on the accelerator",
+            "fetch": "make __getitem__ cheaper: faster decoding (for JPEG images with a random resized crop, "
+            "conveyor.images decodes only the crop box, straight into the batch: docs/images.md gives its measured "
+            "gain; a faster JPEG decoder, decoding at a lower resolution, conveyor pack --max-side for large photos), "
+            "a packed record format instead of many small files, or augmentations on the accelerator",
             "collate": "make collate cheaper: keep conveyor's default_collate (it writes into shared memory) and "
             "return numpy arrays from __getitem__, not lists",
         }.get(slowest or "", "make the slowest stage cheaper")
