@@ -872,6 +872,24 @@ def test_parity_with_torch_with_persistent_workers_over_epochs(draws_from):
     assert epochs(ct) == epochs(tud)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "workers",
+    [{}, {"num_workers": 2}, {"num_workers": 2, "worker_method": "thread"},
+     {"num_workers": 2, "persistent_workers": True}],
+    ids=["in process", "processes", "threads", "persistent workers"],
+)
+def test_an_iterator_at_its_end_keeps_raising_stop_iteration_as_torchs(workers):
+    """As torch's (and any Python iterator): a second loop over a finished
+    iterator gives nothing. (With workers that were stopped at the end, it
+    raised RuntimeError "this DataLoader iterator has been shut down".)"""
+    torchs = {key: value for key, value in workers.items() if key != "worker_method"}  # (torch has none)
+    for module, options in ((ct, workers), (tud, torchs)):
+        it = iter(module.DataLoader(list(range(4)), batch_size=2, **options))
+        assert len(list(it)) == 2, module.__name__
+        assert list(it) == [] and next(it, "end") == "end", module.__name__
+
+
 @pytest.mark.timeout(30)
 def test_parity_with_torch_under_torch_manual_seed():
     """Without a generator both draw from torch's global generator, in the same order."""

@@ -119,6 +119,8 @@ class LoaderIterator:
         return self._next()
 
     def _next(self) -> Any:
+        if self._progress.finished:
+            raise StopIteration  # (an ended pass stays ended, as any iterator; its workers are gone)
         called_at = perf_counter()
         while True:
             try:
