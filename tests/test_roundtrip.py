@@ -7,8 +7,9 @@ src/conveyor: each sampler (with every kind of randomness it takes), a
 BatchSampler over each index sampler, TokenBudgetBatchSampler and
 ShardedSampler, the DataLoader (map-style and iterable, in this process and
 with thread workers; over a ShardStream), a ShardStream's ShardReader, and
-Accelerate's prepared loader. (accelerate's RankShare needs 2 ranks; its
-loader's round trip runs under torchrun in test_accelerate.py.)
+Accelerate's prepared loader. (accelerate's RankShare, the one other, needs
+2 ranks and has no position of its own: its loaders' resume is tested on 2
+ranks under torchrun in test_accelerate.py.)
 
 Process workers are left to the resume tests (test_resume_*.py): here every
 point starts a pass, and thread workers keep the file quick.
@@ -58,6 +59,8 @@ def global_numpy(make):
 
 
 def global_torch(make):
+    """``make``, with torch's global generator seeded first."""
+
     def build():
         torch.manual_seed(0)
         return make()
@@ -122,7 +125,7 @@ BATCH_SAMPLERS = {
 @pytest.mark.parametrize("name", list(INDEX_SAMPLERS) + list(BATCH_SAMPLERS))
 def test_every_sampler_round_trips(name):
     build, options = {**INDEX_SAMPLERS, **BATCH_SAMPLERS}[name]
-    assert check_round_trip(build, epochs=options.get("epochs", 3), set_epoch=options.get("set_epoch", False)) > 3
+    assert check_round_trip(build, **{"epochs": 3, **options}) > 3
 
 
 # ------------------------------------------------------------------ loaders
