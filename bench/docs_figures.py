@@ -16,7 +16,8 @@ A generated table is the same, its comments on lines of their own:
 
     <!-- /bench -->
 
-``bench:`` figures come from the results file; ``repo:`` ones from other
+``bench:`` figures come from the results file, ``images:`` ones from
+bench/results-images.json (bench/images.py); ``repo:`` ones from other
 files of this repository (the development extras in pyproject.toml, an
 example's defaults), so that the docs cannot drift from those either. An
 inline figure must not begin a line: Markdown would take the comment for
@@ -36,12 +37,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from figures import BENCH, REPO, Results  # noqa: E402  (bench/figures.py: what each figure is)
+from image_figures import IMAGES  # noqa: E402  (bench/image_figures.py: bench/images.py's figures)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results-latest.json"
+#: bench/images.py's results, the source of ``images:`` figures.
+IMAGE_RESULTS = ROOT / "bench" / "results-images.json"
 
 #: A figure: <!-- bench:NAME -->text<!-- /bench --> (or repo:), text on one line or a block of lines.
-MARKER = re.compile(r"<!-- (bench|repo):([\w.-]+) -->(.*?)<!-- /\1 -->", re.DOTALL)
+MARKER = re.compile(r"<!-- (bench|repo|images):([\w.-]+) -->(.*?)<!-- /\1 -->", re.DOTALL)
 
 
 def doc_paths(root: Path = ROOT) -> list[Path]:
@@ -53,14 +57,18 @@ def doc_paths(root: Path = ROOT) -> list[Path]:
 class Figures:
     """What each marker should hold, from the results and the repository."""
 
-    def __init__(self, results: dict, root: Path = ROOT):
+    def __init__(self, results: dict, root: Path = ROOT, image_results: Path = IMAGE_RESULTS):
         self.results, self.root = Results(results), root
+        self.image_results = load_results(image_results) if image_results.exists() else None
 
     def value(self, source: str, name: str) -> str:
-        table = BENCH if source == "bench" else REPO
+        table = {"bench": BENCH, "repo": REPO, "images": IMAGES}[source]
         if name not in table:
             raise KeyError(f"no {source} figure named {name!r} (bench/docs_figures.py knows {sorted(table)})")
-        return table[name](self.results if source == "bench" else self.root)
+        if source == "images" and self.image_results is None:
+            raise KeyError(f"no {IMAGE_RESULTS.name} to take images:{name} from (run bench/images.py)")
+        source_data = {"bench": self.results, "repo": self.root, "images": self.image_results}[source]
+        return table[name](source_data)
 
     def render(self, source: str, name: str, old: str) -> str:
         """The marker's new content: a block (a marker whose content starts
