@@ -16,7 +16,7 @@ per read, so the shared pages are only ever read::
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -31,6 +31,11 @@ class CompactList(Sequence):
     Indexing returns the item (a new object each time), a slice returns a
     CompactList, and it pickles as its arrays (compactly, to spawn workers).
     """
+
+    _kind: str
+    _data: np.ndarray
+    #: Where each item starts in the UTF-8 buffer (and where the last ends); None for numbers.
+    _offsets: Optional[np.ndarray]
 
     def __init__(self, items: Iterable[Any]):
         items = list(items)
@@ -60,7 +65,7 @@ class CompactList(Sequence):
             self._data = np.asarray(items, dtype=np.int64 if self._kind == "int" else np.float64)
 
     @classmethod
-    def _of(cls, kind: str, data: np.ndarray, offsets: Any) -> "CompactList":
+    def _of(cls, kind: str, data: np.ndarray, offsets: Optional[np.ndarray]) -> "CompactList":
         new = cls.__new__(cls)
         new._kind, new._data, new._offsets = kind, data, offsets
         return new

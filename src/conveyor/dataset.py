@@ -33,7 +33,7 @@ import operator
 import sys
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast, overload
 from typing import Iterable as _IterableBase  # noqa: UP035  (same MRO as torch's IterableDataset, so the façade can inherit both)
 
 __all__ = [
@@ -50,6 +50,8 @@ __all__ = [
 ]
 
 T_co = TypeVar("T_co", covariant=True)
+#: A StackDataset's sample: a tuple (datasets given positionally) or a dict (given by keyword), as torch's.
+_Stacked = TypeVar("_Stacked", bound="tuple[Any, ...] | dict[str, Any]")
 
 
 class _InvalidDatasetArgument(ValueError, AssertionError):
@@ -267,7 +269,7 @@ def _common_length(datasets: Sequence[Any], names: Sequence[str]) -> int:
     return lengths[0]
 
 
-class StackDataset(Dataset[T_co]):
+class StackDataset(Dataset[_Stacked]):
     """Several equally long datasets side by side.
 
     Positional datasets give tuple samples, keyword datasets dict samples::
@@ -282,6 +284,12 @@ class StackDataset(Dataset[T_co]):
     """
 
     datasets: tuple | dict
+
+    @overload
+    def __init__(self: StackDataset[tuple[Any, ...]], *args: Any) -> None: ...
+
+    @overload
+    def __init__(self: StackDataset[dict[str, Any]], **kwargs: Any) -> None: ...
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if args and kwargs:
@@ -299,17 +307,18 @@ class StackDataset(Dataset[T_co]):
             self._length = _common_length(list(kwargs.values()), list(kwargs))
             self.datasets = kwargs
 
-    def __getitem__(self, index: Any) -> tuple | dict:
+    def __getitem__(self, index: Any) -> _Stacked:
+        # (the casts: a dict of datasets is what makes the sample a dict, which the checker cannot follow)
         if isinstance(self.datasets, dict):
-            return {key: dataset[index] for key, dataset in self.datasets.items()}
-        return tuple(dataset[index] for dataset in self.datasets)
+            return cast(_Stacked, {key: dataset[index] for key, dataset in self.datasets.items()})
+        return cast(_Stacked, tuple(dataset[index] for dataset in self.datasets))
 
-    def __getitems__(self, indices: Sequence[Any]) -> list:
+    def __getitems__(self, indices: Sequence[Any]) -> list[_Stacked]:
         if isinstance(self.datasets, dict):
-            columns = {key: self._column(d, indices) for key, d in self.datasets.items()}
-            return [dict(zip(columns, row)) for row in zip(*columns.values())]
+            by_key = {key: self._column(d, indices) for key, d in self.datasets.items()}
+            return [cast(_Stacked, dict(zip(by_key, row))) for row in zip(*by_key.values())]
         columns = [self._column(d, indices) for d in self.datasets]
-        return list(zip(*columns))
+        return [cast(_Stacked, row) for row in zip(*columns)]
 
     @staticmethod
     def _column(dataset: Any, indices: Sequence[Any]) -> list:

@@ -26,9 +26,15 @@ import base64
 import random
 import sys
 import threading
-from typing import Any, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, TypeGuard, Union
 
 import numpy as np
+
+if TYPE_CHECKING:  # (the core imports no framework: torch only for the checker)
+    import torch
+
+#: What a user may pass as ``generator``: see :func:`source_for`.
+GeneratorLike = Union[np.random.Generator, "torch.Generator", int, np.integer, None]
 
 __all__ = [
     "derive_seed",
@@ -73,7 +79,7 @@ def derive_seed(root: int, *keys: int) -> int:
     return h & _MASK63
 
 
-def is_torch_generator(obj: Any) -> bool:
+def is_torch_generator(obj: object) -> TypeGuard[torch.Generator]:
     """True when ``obj`` is a ``torch.Generator`` (without importing torch)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Generator)
@@ -169,7 +175,7 @@ class TorchSource:
     """A :class:`RandomSource` over a ``torch.Generator``, drawing exactly as
     ``torch.utils.data`` does so that orders match for the same state."""
 
-    def __init__(self, generator: Any):
+    def __init__(self, generator: torch.Generator):
         import torch  # noqa: F401  (fails here, not at the first draw, without torch)
 
         self.generator = generator
@@ -246,7 +252,7 @@ def draw_seed(flavor: str = "numpy") -> int:
     return int(np.random.randint(0, _MASK63, dtype=np.int64))
 
 
-def source_for(generator: Any = None, flavor: str = "numpy") -> RandomSource:
+def source_for(generator: GeneratorLike = None, flavor: str = "numpy") -> RandomSource:
     """A :class:`RandomSource` for what a user passed as ``generator``.
 
     ``generator`` may be a ``numpy.random.Generator``, a ``torch.Generator``,
@@ -325,10 +331,16 @@ class SampleRandom:
 
     __slots__ = ("_root", "_key", "_seed", "_random", "_numpy", "_torch")
 
+    _root: Optional[int]
+    _seed: Optional[int]
+    _random: Optional[random.Random]
+    _numpy: Optional[np.random.Generator]
+    _torch: Optional[torch.Generator]
+
     def __init__(self) -> None:
         self.reset(None)
 
-    def reset(self, root: Any, key: int = -1) -> None:
+    def reset(self, root: Optional[int], key: int = -1) -> None:
         """Be the generators of sample ``key`` (-1: the whole batch) of the batch seeded ``root``."""
         self._root, self._key = root, key
         self._seed = self._random = self._numpy = self._torch = None
@@ -340,7 +352,7 @@ class SampleRandom:
             self._seed = self._random = self._numpy = self._torch = None
 
     @property
-    def root(self) -> Any:
+    def root(self) -> Optional[int]:
         """The batch's seed (None outside a DataLoader)."""
         return self._root
 
@@ -367,7 +379,7 @@ class SampleRandom:
         return self._numpy
 
     @property
-    def torch_generator(self) -> Any:
+    def torch_generator(self) -> torch.Generator:
         """A CPU ``torch.Generator`` (imports torch)."""
         if self._torch is None:
             import torch

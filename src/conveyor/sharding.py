@@ -112,7 +112,7 @@ class ShardedIterable(IterableDataset):
             raise TypeError(f"source must be iterable or a callable returning an iterator, got {type(source).__name__}")
         if (num_replicas is None) != (rank is None):
             raise ValueError("pass num_replicas and rank together, or neither (to read them from torch.distributed)")
-        if num_replicas is not None and not (0 <= rank < num_replicas):
+        if num_replicas is not None and rank is not None and not (0 <= rank < num_replicas):
             raise ValueError(f"rank must satisfy 0 <= rank < num_replicas, got rank={rank}, num_replicas={num_replicas}")
         if even not in EVEN_POLICIES:
             raise ValueError(f"even must be one of {EVEN_POLICIES}, got {even!r}")
@@ -130,7 +130,7 @@ class ShardedIterable(IterableDataset):
 
     def world(self) -> tuple[int, int]:
         """(number of replicas, this replica's rank)."""
-        if self.num_replicas is None:
+        if self.num_replicas is None or self.rank is None:  # (both or neither: see __init__)
             return distributed_world()
         return self.num_replicas, self.rank
 

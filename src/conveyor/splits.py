@@ -8,9 +8,9 @@ import math
 import operator
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, SupportsIndex
 
-from conveyor.rng import source_for
+from conveyor.rng import GeneratorLike, source_for
 
 from .dataset import Subset
 
@@ -35,8 +35,15 @@ def _lengths_from_fractions(fractions: Sequence[float], total: int) -> list[int]
     return lengths
 
 
+def _as_index(length: int | float) -> int:
+    """``operator.index(length)``: the TypeError for a float, said to the checker."""
+    if not isinstance(length, SupportsIndex):
+        raise TypeError(f"{length!r} is not an int")
+    return operator.index(length)
+
+
 def _as_split_lengths(lengths: Sequence[int | float], total: int) -> list[int]:
-    as_given = list(lengths)
+    as_given: Sequence[int | float] = list(lengths)
     # torch also demands sum <= 1, so fractions whose float sum rounds just
     # above 1 (twenty 0.05s) fall through to a confusing length-sum error
     # (pytorch/pytorch#128116). Dropping it only accepts inputs torch rejects.
@@ -49,7 +56,7 @@ def _as_split_lengths(lengths: Sequence[int | float], total: int) -> list[int]:
             f"pass lengths that sum to {total} or fractions that sum to 1"
         )
     try:
-        ints = [operator.index(length) for length in as_given]
+        ints = [_as_index(length) for length in as_given]
     except TypeError:
         raise TypeError(
             f"random_split lengths must be ints, or fractions that sum to 1; got {as_given}"
@@ -60,7 +67,7 @@ def _as_split_lengths(lengths: Sequence[int | float], total: int) -> list[int]:
 
 
 def random_split(
-    dataset: Any, lengths: Sequence[int | float], generator: Any = None
+    dataset: Any, lengths: Sequence[int | float], generator: GeneratorLike = None
 ) -> list[Subset]:
     """Split ``dataset`` at random into non-overlapping :class:`Subset` s.
 

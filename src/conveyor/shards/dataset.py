@@ -181,6 +181,7 @@ class ShardDataset:
         shard, s = self.locate(i)
         index = self.indexes[shard]
         first, stop = index.starts.item(s), index.starts.item(s + 1)
+        data: bytes | mmap.mmap
         if self.store is not None and (self._pid != os.getpid() or shard not in self._maps):
             base, data = self._read_range(shard, s, first, stop)
         else:

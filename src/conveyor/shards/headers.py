@@ -17,8 +17,9 @@ big for the field) take a slower path that is only reached for such tars.
 
 from __future__ import annotations
 
+import mmap
 import zlib
-from typing import Optional
+from typing import Optional, Union
 
 from .records import BLOCK
 
@@ -36,7 +37,7 @@ _ADLER_MOD = 65521
 _SPACES_SUM = 8 * 0x20  # (the checksum field counts as eight spaces)
 
 
-def header_problem(data: bytes, offset: int, name: str, size: int) -> Optional[str]:
+def header_problem(data: Union[bytes, mmap.mmap], offset: int, name: str, size: int) -> Optional[str]:
     """What is wrong with the tar header before ``data[offset:]`` as the
     header of member ``name`` of ``size`` bytes; None when it is that member's."""
     header = data[offset - BLOCK : offset] if offset >= BLOCK else b""

@@ -143,9 +143,9 @@ def find_shards(source: Union[str, os.PathLike, Sequence], store: Any = None) ->
         return [p for p in found if p.endswith(".tar")], None
     source = str(source)
     if os.path.isdir(source):
-        manifest = read_manifest(source)
-        if manifest is not None:
-            return [os.path.join(source, shard.name) for shard in manifest.shards], manifest
+        local = read_manifest(source)
+        if local is not None:
+            return [os.path.join(source, shard.name) for shard in local.shards], local
         return sorted(glob.glob(os.path.join(source, "*.tar"))), None
     if any(c in source for c in "*?["):
         return sorted(glob.glob(source)), None

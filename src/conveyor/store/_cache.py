@@ -129,7 +129,9 @@ class Record:
             fields = json.loads(data)
         except ValueError:
             return None
-        types = {"format": str, "source": str, "size": int, "inode": int, "sha256": str, "etag": (str, type(None))}
+        types: dict[str, type | tuple[type, ...]] = {
+            "format": str, "source": str, "size": int, "inode": int, "sha256": str, "etag": (str, type(None))
+        }
         if not isinstance(fields, dict) or set(fields) != set(types) or fields["format"] != _FORMAT:
             return None
         if not all(isinstance(fields[k], t) and not isinstance(fields[k], bool) for k, t in types.items()):
