@@ -14,9 +14,12 @@ import json
 import os
 import time
 from time import perf_counter
-from typing import Any, Callable, Optional, TextIO, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO, Union, cast
 
 from .report import STAGES, LoaderStats, Mark, fractions, share_of
+
+if TYPE_CHECKING:
+    from .recorder import StatsRecorder
 
 #: How often the bar's numbers are brought up to date.
 BAR_EVERY_S = 0.5
@@ -44,10 +47,10 @@ class ProgressBar:
         self._last: Optional[Mark] = None
         self._batches_before = 0
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ProgressBar], tuple[float], dict[str, Any]]:
         return (type(self), (self._every_s,), {"_kwargs": self._kwargs})
 
-    def begin_pass(self, recorder: Any, total: Optional[int]) -> None:
+    def begin_pass(self, recorder: StatsRecorder, total: Optional[int]) -> None:
         self._close()
         self._bar = self._tqdm(total=total, **self._kwargs)
         self._due = perf_counter() + self._every_s
@@ -57,20 +60,20 @@ class ProgressBar:
     def due_at(self) -> float:
         return self._due
 
-    def tick(self, recorder: Any, now: float) -> None:
+    def tick(self, recorder: StatsRecorder, now: float) -> None:
         self._due = now + self._every_s
         if self._bar is not None:
             self._bring_up_to_date(recorder)
             self._bar.refresh()
 
-    def _bring_up_to_date(self, recorder: Any) -> None:
+    def _bring_up_to_date(self, recorder: StatsRecorder) -> None:
         mark = recorder.mark()
         self._bar.n = mark.batches - self._batches_before
         recent = recorder.interval(mark, self._last) if self._last is not None else mark
         self._bar.set_postfix_str(_postfix(recent, recorder.num_workers), refresh=False)
         self._last = mark
 
-    def end_pass(self, recorder: Any) -> None:
+    def end_pass(self, recorder: StatsRecorder) -> None:
         if self._bar is not None:
             self._bring_up_to_date(recorder)  # (closing draws it once more, with these numbers)
         self._close()
@@ -111,17 +114,17 @@ class Periodic:
         self._due = perf_counter() + self._every_s
         self._previous: Optional[LoaderStats] = None
 
-    def begin_pass(self, recorder: Any, total: Optional[int]) -> None:
+    def begin_pass(self, recorder: StatsRecorder, total: Optional[int]) -> None:
         pass
 
     def due_at(self) -> float:
         return self._due
 
-    def tick(self, recorder: Any, now: float) -> None:
+    def tick(self, recorder: StatsRecorder, now: float) -> None:
         self._due = now + self._every_s
         self._call()
 
-    def end_pass(self, recorder: Any) -> None:
+    def end_pass(self, recorder: StatsRecorder) -> None:
         self._call()
 
     def _call(self) -> None:
@@ -143,8 +146,9 @@ class JsonLinesWriter:
     def __call__(self, stats: LoaderStats) -> None:
         line = json.dumps({"time": time.time(), **stats.to_dict()}) + "\n"
         if hasattr(self.path, "write"):
-            self.path.write(line)
-            self.path.flush()
+            stream = cast(TextIO, self.path)  # (whatever has write, as the docstring of __init__ says)
+            stream.write(line)
+            stream.flush()
             return
         with open(self.path, "a", encoding="utf-8") as out:
             out.write(line)

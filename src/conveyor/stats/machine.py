@@ -103,34 +103,36 @@ class CoreClock:
         )
 
     def _read(self, worker_pids: Iterable[int]) -> Optional[_Reading]:
-        if not self.measured:
+        cpus, tick_s = self._cpus, self._tick_s
+        if not self.measured or cpus is None or tick_s is None:  # (measured: both known)
             return None
         try:
-            busy = _cores_busy_s(self._cpus, self._tick_s)
-            job = _own_cpu_s() + self._workers_cpu_s(worker_pids)
+            busy = _cores_busy_s(cpus, tick_s)
+            job = _own_cpu_s() + _workers_cpu_s(worker_pids, tick_s)
         except Exception:  # (best effort: also at interpreter exit, from a finalizer)
             self.measured = False
             return None
-        return _Reading(perf_counter(), len(self._cpus), busy, job)
+        return _Reading(perf_counter(), len(cpus), busy, job)
 
-    def _workers_cpu_s(self, worker_pids: Iterable[int]) -> float:
-        """CPU seconds of the live workers. A worker that exited and was
-        reaped is gone from /proc, and its time is in the children's
-        (``getrusage``); one that was never read counts from 0 (it started
-        during the pass, or its time before is the job's anyway)."""
-        total = 0.0
-        own = os.getpid()
-        for pid in worker_pids:
-            if pid <= 0 or pid == own:
-                continue
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            # After the name: state is field 3, utime 14 and stime 15 (proc(5)).
-            total += (int(fields[11]) + int(fields[12])) * self._tick_s
-        return total
+
+def _workers_cpu_s(worker_pids: Iterable[int], tick_s: float) -> float:
+    """CPU seconds of the live workers. A worker that exited and was
+    reaped is gone from /proc, and its time is in the children's
+    (``getrusage``); one that was never read counts from 0 (it started
+    during the pass, or its time before is the job's anyway)."""
+    total = 0.0
+    own = os.getpid()
+    for pid in worker_pids:
+        if pid <= 0 or pid == own:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        # After the name: state is field 3, utime 14 and stime 15 (proc(5)).
+        total += (int(fields[11]) + int(fields[12])) * tick_s
+    return total
 
 
 def _tick_s() -> Optional[float]:

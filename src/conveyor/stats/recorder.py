@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 from array import array
 from time import perf_counter
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
@@ -76,7 +76,7 @@ class StatsRecorder:
         self._columns = tuple(array("d") for _ in STAGES)
         #: Batches not yet in the columns: their Timings' two parts, the
         #: loop's wait and compute (appended in this order).
-        self._pending = ([], [], [], [])
+        self._pending: tuple[list[bytes], list[bytes], list[float], list[float]] = ([], [], [], [])
         #: Totals of the values folded out of the columns, per stage.
         self._folded = [0.0] * len(STAGES)
         self._rows_folded = 0
@@ -110,7 +110,7 @@ class StatsRecorder:
         self._due = float("inf")
         self.tracer: Optional[Any] = None
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[int, list[Listener]], StatsRecorder], tuple[int, list[Listener]]]:
         """A pickled loader starts its stats afresh; the progress bar comes
         along (``carried`` listeners), callbacks and traces do not."""
         carried = [listener for listener in self._listeners if getattr(listener, "carried", False)]
@@ -180,6 +180,7 @@ class StatsRecorder:
             computes.append(called_at - self._last_event)
         self._last_event = returned_at
         if self._first_batch_pending:
+            assert self._pass_started is not None  # (begin_pass sets both)
             self._first_batch_pending = False
             self.first_batch_s = returned_at - self._pass_started
             self._startup_s += self.first_batch_s
@@ -201,11 +202,12 @@ class StatsRecorder:
         count = len(pending[3])
         if not count:
             return
-        parts = [part[:count] for part in pending]
+        loading_rows, delivery_rows = pending[0][:count], pending[1][:count]
+        waits, computes = pending[2][:count], pending[3][:count]
         for part in pending:
             del part[:count]
-        loading = np.frombuffer(b"".join(parts[0]), dtype=_LOADING)
-        delivery = np.frombuffer(b"".join(parts[1]), dtype=_DELIVERY)
+        loading = np.frombuffer(b"".join(loading_rows), dtype=_LOADING)
+        delivery = np.frombuffer(b"".join(delivery_rows), dtype=_DELIVERY)
         self.samples += int(loading["samples"].sum())
         self._loading.add(loading, self._floor)
         self._worker_pids.update(np.unique(delivery["worker_pid"]).tolist())
@@ -221,8 +223,8 @@ class StatsRecorder:
             loading["encode_s"] + delivery["decode_s"],
             delivery["queue_s"],
             delivery["pin_s"],
-            np.array(parts[2], dtype=np.float64),
-            np.array(parts[3], dtype=np.float64),
+            np.array(waits, dtype=np.float64),
+            np.array(computes, dtype=np.float64),
         )
         for column, stage in zip(self._columns, values):
             column.frombytes(np.ascontiguousarray(stage, dtype=np.float64).tobytes())
@@ -343,7 +345,7 @@ class StatsRecorder:
                 skipped=tuple(self._skipped),
             )
         stats = _stats_from(mark, columns, extras, self.num_workers)
-        if since_mark is None:
+        if since_mark is None or interval_mark is None:  # (both or neither)
             return stats
         start = max(0, since_mark.rows - rows_folded)
         interval = _stats_from(interval_mark, [c[start:] for c in columns], extras, self.num_workers)

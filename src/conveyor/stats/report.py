@@ -80,8 +80,8 @@ class Mark(NamedTuple):
     def minus(self, earlier: "Mark") -> "Mark":
         """The totals since ``earlier`` (``at`` stays this mark's)."""
         values = {
-            name: mine - theirs
-            for name, mine, theirs in zip(self._fields, self, earlier)
+            name: getattr(self, name) - getattr(earlier, name)
+            for name in self._fields
             if name not in ("at", "stage_totals", "cores")
         }
         cores = None
@@ -128,7 +128,7 @@ def fractions(mark: Mark, num_workers: int) -> Fractions:
     job = others = idle = None
     cores = mark.cores
     if cores is not None and cores.capacity_s > 0:
-        job = share_of(cores.job_s, cores.capacity_s)
+        job = share_of(cores.job_s, cores.capacity_s) or 0.0  # (a share: the capacity is above 0)
         others = min(share_of(cores.busy_s - cores.job_s, cores.capacity_s) or 0.0, 1.0 - job)
         idle = max(0.0, 1.0 - job - others)
     return Fractions(busy, cpu, cpu_wait, off_cpu, job, others, idle)

@@ -9,7 +9,7 @@ Imports no writer package: the writer is the user's object.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol, Union
 
 from .report import LoaderStats
 
@@ -32,6 +32,13 @@ SCALARS = (
 )
 
 
+class MetricsWriter(Protocol):
+    """What :class:`ScalarWriter` writes to: TensorBoard's ``SummaryWriter``,
+    or any object with ``add_scalar(tag, value, step)``."""
+
+    def add_scalar(self, tag: str, value: float, step: int, /) -> Any: ...
+
+
 class ScalarWriter:
     """A stats callback that writes scalars to ``writer`` (anything with
     ``add_scalar(tag, value, global_step)``), stepped by the batches the
@@ -49,7 +56,7 @@ class ScalarWriter:
         loader.on_stats(SummaryWriter("runs/exp1"), every_s=10)   # on_stats wraps it in a ScalarWriter
     """
 
-    def __init__(self, writer: Any, prefix: str = "conveyor"):
+    def __init__(self, writer: MetricsWriter, prefix: str = "conveyor"):
         if not callable(getattr(writer, "add_scalar", None)):
             raise TypeError(f"ScalarWriter needs a writer with add_scalar(tag, value, step), got {type(writer).__name__}")
         self.writer = writer
@@ -74,7 +81,7 @@ class ScalarWriter:
             yield f"stage_s/{name}", float(stage.total_s)
 
 
-def stats_callback(target: Any) -> Callable[[LoaderStats], Any]:
+def stats_callback(target: Union[Callable[[LoaderStats], Any], MetricsWriter]) -> Callable[[LoaderStats], Any]:
     """What ``on_stats`` calls for ``target``: ``target`` itself when it is
     callable, a :class:`ScalarWriter` around it when it has ``add_scalar``."""
     if callable(target):

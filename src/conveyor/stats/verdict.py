@@ -108,9 +108,10 @@ def judge(stats: "LoaderStats", cores: Optional[int] = None) -> Verdict:
             reason=f"too little to judge: {stats.batches} batch{'es' if stats.batches != 1 else ''} in "
             f"{stats.wall_s:.3f} s, {max(0.0, steady_s):.3f} s of it after the first batch",
         )  # fmt: skip
-    slowest = max(LOADING_STAGES, key=lambda name: stats.stages[name].total_s)
-    share = stats.stage_share(slowest)
-    if stats.stages[slowest].total_s <= 0:
+    busiest = max(LOADING_STAGES, key=lambda name: stats.stages[name].total_s)
+    slowest: Optional[str] = busiest
+    share = stats.stage_share(busiest)
+    if stats.stages[busiest].total_s <= 0:
         slowest, share = None, 0.0
     if wait < INPUT_BOUND_WAIT:
         bound, advice = "compute", _compute_bound_advice(stats, wait)
