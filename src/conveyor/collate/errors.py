@@ -16,7 +16,7 @@ import collections.abc
 import numbers
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Sequence, overload
 
 import numpy as np
 
@@ -103,6 +103,14 @@ def _positions(positions: Sequence[int]) -> str:
     named = _sample if indices is not None and len(indices) > max(positions, default=0) else str
     shown = ", ".join(named(i) for i in positions[:_MAX_POSITIONS_SHOWN])
     return shown + (", ..." if len(positions) > _MAX_POSITIONS_SHOWN else "")
+
+
+@overload
+def _pad_example(path: tuple, lists: Literal[False] = False) -> str: ...
+
+
+@overload
+def _pad_example(path: tuple, lists: bool) -> Optional[str]: ...
 
 
 def _pad_example(path: tuple, lists: bool = False) -> Optional[str]:

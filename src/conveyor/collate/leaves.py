@@ -200,6 +200,7 @@ def _number_mismatch_error(
     """The exception torch raises for a non-number in a number batch, with context."""
     sample = batch[i]
     name = _type_name(sample)
+    error_type: type[Exception]
     if float_led:
         error_type, torch_text = TypeError, f"must be real number, not {name}"
     elif isinstance(sample, (str, bytes)):

@@ -27,6 +27,7 @@ from .errors import (
 from .leaves import _holds_tensor
 
 if TYPE_CHECKING:
+    from .padding import PadCollate
     from .rules import _Context
 
 
@@ -67,6 +68,12 @@ def _is_number_list(x: Any) -> bool:
     return _scalar_dtype(x) is not None and not isinstance(x, np.ndarray)
 
 
+def _padding_of(ctx: _Context) -> PadCollate:
+    """The PadCollate of a collation that reached a pad scope (only a PadCollate opens one)."""
+    assert ctx.padding is not None
+    return ctx.padding
+
+
 def _pad_leaf(batch: Sequence[Any], path: tuple, ctx: _Context, scope: _PadScope) -> Any:
     if _holds_tensor(batch):
         return _pad_tensors(batch, path, ctx, scope, sys.modules["torch"])
@@ -74,29 +81,30 @@ def _pad_leaf(batch: Sequence[Any], path: tuple, ctx: _Context, scope: _PadScope
     lengths, total = _check_pad_shapes([a.shape for a in arrays], path, ctx)
     dtype = _result_dtype([a.dtype for a in arrays], path, ctx)
     fill = _checked_fill(scope.value, dtype, path, ctx)
-    side = ctx.padding.side
+    padding = _padding_of(ctx)
+    side = padding.side
     values = ctx.allocate((len(arrays), total) + arrays[0].shape[1:], dtype)
     for i, array in enumerate(arrays):
         data, pad = _pad_slices(lengths[i], total, side)
         values[i, data] = array
         values[i, pad] = fill
     lengths_out = mask = None
-    if ctx.padding.return_lengths:
+    if padding.return_lengths:
         lengths_out = ctx.allocate((len(arrays),), _INT64)
         lengths_out[...] = lengths
-    if ctx.padding.return_mask:
+    if padding.return_mask:
         mask = ctx.allocate((len(arrays), total), _BOOL)
         positions, sample_lengths = np.arange(total), np.asarray(lengths, _INT64)[:, None]
         if side == "right":
             np.less(positions, sample_lengths, out=mask)
         else:
             np.greater_equal(positions, total - sample_lengths, out=mask)
-    return ctx.padding._result(values, lengths_out, mask)
+    return padding._result(values, lengths_out, mask)
 
 
 def _as_pad_arrays(batch: Sequence[Any], path: tuple, ctx: _Context) -> list[np.ndarray]:
     """The samples as arrays; (nested) lists of numbers are converted, empty ones shaped like the rest."""
-    arrays = []
+    arrays: list[np.ndarray | None] = []
     for i, sample in enumerate(batch):
         if isinstance(sample, (list, tuple)):
             if len(sample) == 0:
@@ -122,15 +130,16 @@ def _as_pad_arrays(batch: Sequence[Any], path: tuple, ctx: _Context) -> list[np.
     return _shape_empty_lists(arrays)
 
 
-def _shape_empty_lists(arrays: list) -> list[np.ndarray]:
+def _shape_empty_lists(arrays: list[np.ndarray | None]) -> list[np.ndarray]:
     """Give empty lists (None here) the trailing shape and dtype of the other samples.
 
     To numpy ``[]`` is a float64 array of shape (0,); as one sample among token
     lists it must neither turn the batch into floats nor break a 2-D layout.
     """
-    if all(a is not None for a in arrays):
-        return arrays
-    model = next((a for a in arrays if a is not None), np.zeros(0, _INT64))
+    present = [a for a in arrays if a is not None]
+    if len(present) == len(arrays):
+        return present
+    model = present[0] if present else np.zeros(0, _INT64)
     empty = np.zeros((0,) + model.shape[1:], model.dtype)
     return [empty if a is None else a for a in arrays]
 
@@ -152,11 +161,11 @@ def _check_pad_shapes(shapes: Sequence[tuple], path: tuple, ctx: _Context) -> tu
             f"{_disagreement(rests, 'trailing shape')}.{_keys_hint(ctx)}"
         )
     lengths = [shape[0] for shape in shapes]
-    return lengths, ctx.padding._padded_length(max(lengths))
+    return lengths, _padding_of(ctx)._padded_length(max(lengths))
 
 
 def _keys_hint(ctx: _Context) -> str:
-    return " Pass keys=[...] to pad only the values under some keys." if ctx.padding.keys is None else ""
+    return " Pass keys=[...] to pad only the values under some keys." if _padding_of(ctx).keys is None else ""
 
 
 def _pad_slices(length: int, total: int, side: str) -> tuple[slice, slice]:
@@ -195,19 +204,20 @@ def _pad_tensors(batch: Sequence[Any], path: tuple, ctx: _Context, scope: _PadSc
     numpy_dtype = _numpy_dtype_of(dtype, torch)
     if numpy_dtype is not None:
         _checked_fill(scope.value, numpy_dtype, path, ctx)
-    side = ctx.padding.side
+    padding = _padding_of(ctx)
+    side = padding.side
     values = tensors[0].new_empty((len(tensors), total) + tuple(tensors[0].shape[1:]), dtype=dtype)
     for i, tensor in enumerate(tensors):
         data, pad = _pad_slices(lengths[i], total, side)
         values[i, data] = tensor
         values[i, pad] = scope.value
-    lengths_out = torch.tensor(lengths, dtype=torch.int64) if ctx.padding.return_lengths else None
+    lengths_out = torch.tensor(lengths, dtype=torch.int64) if padding.return_lengths else None
     mask = None
-    if ctx.padding.return_mask:
+    if padding.return_mask:
         positions = torch.arange(total, device=values.device)
         sample_lengths = torch.tensor(lengths, dtype=torch.int64, device=values.device)[:, None]
         mask = positions < sample_lengths if side == "right" else positions >= total - sample_lengths
-    return ctx.padding._result(values, lengths_out, mask)
+    return padding._result(values, lengths_out, mask)
 
 
 def _numpy_dtype_of(dtype: Any, torch: Any) -> np.dtype | None:

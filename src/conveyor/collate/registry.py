@@ -7,7 +7,7 @@ user's function for the type of ``batch[0]``?
 from __future__ import annotations
 
 import collections.abc
-from typing import Any, Callable
+from typing import Any, Callable, Optional, TypeVar, overload
 
 from .errors import _type_name
 
@@ -17,7 +17,18 @@ CollateFnMap = collections.abc.Mapping  # {type or tuple of types: fn(batch, *, 
 _REGISTRY: dict[type, CollateFn] = {}
 
 
-def register_collate(types: type | tuple[type, ...], fn: CollateFn | None = None):
+_Fn = TypeVar("_Fn", bound=CollateFn)
+
+
+@overload
+def register_collate(types: type | tuple[type, ...], fn: None = None) -> Callable[[_Fn], _Fn]: ...
+
+
+@overload
+def register_collate(types: type | tuple[type, ...], fn: CollateFn) -> None: ...
+
+
+def register_collate(types: type | tuple[type, ...], fn: CollateFn | None = None) -> Optional[Callable[[_Fn], _Fn]]:
     """Teach :func:`default_collate` (and every collate in this package) a type.
 
     ``fn(batch, *, collate)`` receives the samples at one place in the batch
@@ -46,7 +57,12 @@ def register_collate(types: type | tuple[type, ...], fn: CollateFn | None = None
     definition, so that every process that can unpickle the type has its rule.
     """
     if fn is None:
-        return lambda f: register_collate(types, f) or f
+
+        def decorate(f: _Fn) -> _Fn:
+            register_collate(types, f)
+            return f
+
+        return decorate
     if not callable(fn):
         raise TypeError(f"register_collate: fn must be callable, got {_type_name(fn)}")
     for cls in types if isinstance(types, tuple) else (types,):

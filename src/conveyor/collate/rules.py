@@ -221,7 +221,7 @@ def _rebuild_mapping(template: collections.abc.Mapping, values: dict) -> collect
             clone = copy.copy(template)
             clone.update(values)
             return clone
-        return type(template)(values)
+        return type(template)(values)  # type: ignore[call-arg]  # (a subclass's constructor takes the items; TypeError falls back)
     except TypeError:
         return values
 
@@ -234,7 +234,7 @@ def _rebuild_sequence(template: Sequence, values: list) -> Sequence:
             for i, value in enumerate(values):
                 clone[i] = value
             return clone
-        return type(template)(values)
+        return type(template)(values)  # type: ignore[call-arg]  # (a subclass's constructor takes the items; TypeError falls back)
     except TypeError:
         return values
 
