@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, TypeGuard
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[numbers.Integral]:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

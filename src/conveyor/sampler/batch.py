@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from .arguments import _check_bool, _check_int, _check_positive_int
 from .replay import batch_fingerprint, fingerprint_problem, replay, replay_point, replay_point_problem, restore_replay_point
-from .resumable import _has_position, _Resumable
+from .resumable import _has_position, _is_stateful, _Resumable
 from .samplers import Sampler
 
 
-def _is_int_value(value: Any) -> bool:
+def _is_int_value(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -65,15 +65,10 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
         self.sampler = sampler
         self._init_progress()
 
-    def _inner_resumable(self) -> bool:
-        return callable(getattr(self.sampler, "state_dict", None)) and callable(
-            getattr(self.sampler, "load_state_dict", None)
-        )
-
     def _inner_jumps(self) -> bool:
         """Whether the inner sampler resumes at an item itself (a conveyor
         sampler); any other is replayed from the iteration's start."""
-        return self._inner_resumable() and _has_position(self.sampler.state_dict())  # type: ignore[union-attr]
+        return _is_stateful(self.sampler) and _has_position(self.sampler.state_dict())
 
     def _settings(self) -> dict[str, Any]:
         return {
@@ -101,13 +96,13 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
 
     def _inner_state(self, record: Any) -> Any:
         """The inner sampler's state that goes with this sampler's position."""
-        if not self._inner_resumable():
+        if not _is_stateful(self.sampler):
             return None
         if isinstance(record, _BatchRun) and _has_position(record.inner_start):
             # From the capture, not the inner sampler now: it may have finished
             # (last, short batch) and no longer hold the draw to replay.
             return {**record.inner_start, "position": record.items, "in_iteration": True}
-        return self.sampler.state_dict()  # type: ignore[union-attr]
+        return self.sampler.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``; the inner sampler's state is loaded too.
@@ -132,12 +127,13 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
         if point is not None:
             restore_replay_point(self.sampler, point, self._flavor)
             return
-        if inner is None or not self._inner_resumable():
+        if inner is None or not _is_stateful(self.sampler):
             return
         if state["in_iteration"] and _has_position(inner) and inner["in_iteration"]:
+            assert self._resume is not None  # (in_iteration: super() made it)
             inner = {**inner, "position": self._items_behind(state["position"], inner)}
             self._resume.record = {**self._resume.record, "sampler": inner}
-        self.sampler.load_state_dict(inner)  # type: ignore[union-attr]
+        self.sampler.load_state_dict(inner)
 
     def _check_parts(self, state: Mapping[str, Any]) -> None:
         """Refuse, naming the key, what this sampler keeps of its inner
@@ -185,11 +181,12 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Forward ``epoch`` to the inner sampler when it has ``set_epoch``."""
         self.epoch = _check_int("epoch", epoch)
-        if not callable(getattr(self.sampler, "set_epoch", None)):
+        set_inner_epoch = getattr(self.sampler, "set_epoch", None)
+        if not callable(set_inner_epoch):
             return
-        self.sampler.set_epoch(epoch)  # type: ignore[union-attr]
-        if self._resume is not None and self._inner_resumable():
-            inner = self.sampler.state_dict()  # type: ignore[union-attr]
+        set_inner_epoch(epoch)
+        if self._resume is not None and _is_stateful(self.sampler):
+            inner = self.sampler.state_dict()
             if _has_position(inner) and not inner["in_iteration"]:
                 self._resume = None  # the inner sampler dropped its resume point (and warned)
 
@@ -229,7 +226,8 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
             first = next(indices)
         except StopIteration:
             return indices
-        run.inner_start = self.sampler.state_dict()  # type: ignore[union-attr]
+        assert _is_stateful(self.sampler)  # (only an inner sampler that jumps is noted)
+        run.inner_start = self.sampler.state_dict()
         # Items handed out before this one: where the iteration (maybe a resumed one) started.
         run.items = run.inner_start["position"] - 1
         return itertools.chain((first,), indices)

@@ -198,7 +198,7 @@ class DistributedSampler(_Resumable, Sampler[int]):
                 what = "the state's position is malformed."
                 raise _state_error(type(self).__name__, what, {"position": position, "epoch": epoch}, {})
             before = _Span.of(state.get("rng"))  # that job's own start, when it had resumed one of another size
-            consumed = min(before.consumed + (int(position) - before.offset) * saved_replicas, len(self.dataset))
+            consumed = min(before.consumed + (int(position) - before.offset) * int(saved_replicas), len(self.dataset))
             self._pending = (int(epoch), _Span(consumed, int(position)))
             self.loaded_from_another_size = True
             # Every other setting must match.

@@ -13,7 +13,7 @@ from typing import Any, Generic, Optional, TypeVar
 
 import numpy as np
 
-from conveyor.rng import derive_seed, source_for
+from conveyor.rng import GeneratorLike, derive_seed, source_for
 
 from .arguments import _check_bool, _check_int, _check_positive_int
 from .draws import _DrawsFromGenerator
@@ -125,7 +125,7 @@ class RandomSampler(_DrawsFromGenerator, Sampler[int]):
         data_source: Sized,
         replacement: bool = False,
         num_samples: int | None = None,
-        generator: Any = None,
+        generator: GeneratorLike = None,
         *,
         seed: int | None = None,
     ) -> None:
@@ -224,7 +224,7 @@ class SubsetRandomSampler(_DrawsFromGenerator, Sampler[int]):
 
     indices: Sequence[int]
 
-    def __init__(self, indices: Sequence[int], generator: Any = None) -> None:
+    def __init__(self, indices: Sequence[int], generator: GeneratorLike = None) -> None:
         if not hasattr(indices, "__len__") or not hasattr(indices, "__getitem__"):
             raise TypeError(f"SubsetRandomSampler needs a sequence of indices, got {type(indices).__name__}")
         self.indices = indices
@@ -275,7 +275,7 @@ class WeightedRandomSampler(_DrawsFromGenerator, Sampler[int]):
         weights: Sequence[float],
         num_samples: int,
         replacement: bool = True,
-        generator: Any = None,
+        generator: GeneratorLike = None,
     ) -> None:
         self.num_samples = _check_positive_int("num_samples", num_samples)
         self.replacement = _check_bool("replacement", replacement)
