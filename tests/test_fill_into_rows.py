@@ -79,3 +79,36 @@ def test_a_failing_fill_raises_from_collate():
     samples = [placer.place(Filled(k, fail=k == 3), k) for k in range(4)]
     with pytest.raises(ValueError, match="cannot decode sample 3"):
         collate_into(samples, placer)
+
+
+class WhereFilled:
+    """A leaf whose row says which thread filled it: 0 the worker's own,
+    1 a fill thread of a first batch, 2 the lower-priority background thread."""
+
+    shape, dtype = (2,), np.dtype(np.int64)
+
+    def fill_into(self, out):
+        name = threading.current_thread().name
+        out[...] = 2 if name == "conveyor-fill-bg" else 1 if name.startswith("conveyor-fill") else 0
+
+
+class Leaves:
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return WhereFilled()
+
+
+@pytest.mark.timeout(60)
+def test_an_epochs_first_batch_is_filled_by_a_thread_per_core_and_the_other_workers_wait_their_turn(monkeypatch):
+    import conveyor
+    from conveyor._engine import pool_executor
+
+    monkeypatch.setattr(pool_executor, "FIRST_BATCH_FILL_THREADS", 2)
+    loader = conveyor.DataLoader(Leaves(), batch_size=8, num_workers=2, prefetch_factor=2)
+    for _ in range(2):  # (each epoch)
+        batches = [set(batch[:, 0].tolist()) for batch in loader]
+        assert batches[0] == {0, 1}  # the first batch: shared out over two threads
+        assert batches[1] == {2}  # the other worker's first batch, meanwhile: in the background
+        assert all(b == {0} for b in batches[2:])  # every other batch as before
