@@ -19,6 +19,7 @@ Modules, one concept each::
     transforms.py  RandomResizedCrop and the PendingImage it returns
     folder.py      ImageFolder (root/<class>/<image>)
     reencode.py    images re-encoded at a maximum side (conveyor pack --max-side)
+    advice.py      what conveyor doctor --data says about JPEG files
 """
 
 from .boxes import Box, random_resized_crop_box
