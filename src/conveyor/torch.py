@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 import types
-from typing import Any, Generic, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Generic, Optional, Sequence, TypeVar, Union, overload
 
 import torch as _torch
 import torch.utils.data as _tud
@@ -38,6 +38,7 @@ from . import splits as _splits
 from .compact import CompactList  # noqa: F401  (re-exported)
 from .state import Stateful  # noqa: F401  (re-exported)
 from ._engine.info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
+from .rng import GeneratorLike
 from .rng import SampleRandom, sample_rng  # noqa: F401  (re-exported)
 from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample  # noqa: F401  (re-exported)
 from ._engine.errors import TransportError, WorkerDiedError  # noqa: F401  (re-exported)
@@ -54,31 +55,63 @@ def _torch_flavoured(core: type, torch_base: type) -> type:
     where the core class is."""
     namespace = {"_flavor": "torch", "__module__": __name__, "__doc__": core.__doc__, "__qualname__": core.__name__}
     parameters = getattr(core, "__parameters__", ())
-    bases = (core, torch_base, Generic[parameters]) if parameters else (core, torch_base)
+    # (the ignore: Generic over the core class's parameters, known at run time only)
+    bases = (core, torch_base, Generic[parameters]) if parameters else (core, torch_base)  # type: ignore[index]
     return types.new_class(core.__name__, bases, exec_body=lambda ns: ns.update(namespace))
 
 
-# Datasets: conveyor's behaviour; instances of torch's class of the same name.
-Dataset = _torch_flavoured(_dataset.Dataset, _tud.Dataset)
-IterableDataset = _torch_flavoured(_dataset.IterableDataset, _tud.IterableDataset)
-TensorDataset = _torch_flavoured(_dataset.TensorDataset, _tud.TensorDataset)
-StackDataset = _torch_flavoured(_dataset.StackDataset, _tud.StackDataset)
-ConcatDataset = _torch_flavoured(_dataset.ConcatDataset, _tud.ConcatDataset)
-ChainDataset = _torch_flavoured(_dataset.ChainDataset, _tud.ChainDataset)
-Subset = _torch_flavoured(_dataset.Subset, _tud.Subset)
-ShardedIterable = _torch_flavoured(_sharding.ShardedIterable, _tud.IterableDataset)
+_T_co = TypeVar("_T_co", covariant=True)
+_Stacked = TypeVar("_Stacked", bound="tuple[Any, ...] | dict[str, Any]")
 
-# Samplers: torch's draws; instances of torch's class of the same name, so
-# frameworks that look for torch's samplers (Lightning, Accelerate) find them.
-Sampler = _torch_flavoured(_sampler.Sampler, _tud.Sampler)
-SequentialSampler = _torch_flavoured(_sampler.SequentialSampler, _tud.SequentialSampler)
-RandomSampler = _torch_flavoured(_sampler.RandomSampler, _tud.RandomSampler)
-SubsetRandomSampler = _torch_flavoured(_sampler.SubsetRandomSampler, _tud.SubsetRandomSampler)
-WeightedRandomSampler = _torch_flavoured(_sampler.WeightedRandomSampler, _tud.WeightedRandomSampler)
-BatchSampler = _torch_flavoured(_sampler.BatchSampler, _tud.BatchSampler)
-DistributedSampler = _torch_flavoured(_sampler.DistributedSampler, _tud.DistributedSampler)
-ShardedSampler = _torch_flavoured(_sampler.ShardedSampler, _tud.Sampler)
-TokenBudgetBatchSampler = _torch_flavoured(_sampler.TokenBudgetBatchSampler, _tud.Sampler)
+if TYPE_CHECKING:
+    # What a type checker sees: each name a class with both bases, as _torch_flavoured makes it
+    # below, so that code can subclass them and annotate with them. Where the two bases annotate a
+    # method or attribute differently (__add__'s result, ChainDataset.datasets, ...), conveyor's
+    # comes first in the MRO and is the one used: the ignores say so.
+    class Dataset(_dataset.Dataset[_T_co], _tud.Dataset[_T_co]): ...  # type: ignore[misc]
+    class IterableDataset(_dataset.IterableDataset[_T_co], _tud.IterableDataset[_T_co]): ...  # type: ignore[misc]
+    class TensorDataset(_dataset.TensorDataset, _tud.TensorDataset): ...  # type: ignore[misc]
+    class StackDataset(_dataset.StackDataset[_Stacked], _tud.StackDataset):  # type: ignore[misc]
+        @overload
+        def __init__(self: StackDataset[tuple[Any, ...]], *args: Any) -> None: ...
+        @overload
+        def __init__(self: StackDataset[dict[str, Any]], **kwargs: Any) -> None: ...
+        def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+    class ConcatDataset(_dataset.ConcatDataset[_T_co], _tud.ConcatDataset[_T_co]): ...  # type: ignore[misc]
+    class ChainDataset(_dataset.ChainDataset, _tud.ChainDataset): ...  # type: ignore[misc]
+    class Subset(_dataset.Subset[_T_co], _tud.Subset[_T_co]): ...  # type: ignore[misc]
+    class ShardedIterable(_sharding.ShardedIterable, _tud.IterableDataset): ...  # type: ignore[misc]
+    class Sampler(_sampler.Sampler[_T_co], _tud.Sampler[_T_co]): ...
+    class SequentialSampler(_sampler.SequentialSampler, _tud.SequentialSampler): ...
+    class RandomSampler(_sampler.RandomSampler, _tud.RandomSampler): ...
+    class SubsetRandomSampler(_sampler.SubsetRandomSampler, _tud.SubsetRandomSampler): ...
+    class WeightedRandomSampler(_sampler.WeightedRandomSampler, _tud.WeightedRandomSampler): ...  # type: ignore[misc]
+    class BatchSampler(_sampler.BatchSampler, _tud.BatchSampler): ...
+    class DistributedSampler(_sampler.DistributedSampler, _tud.DistributedSampler): ...  # type: ignore[misc]
+    class ShardedSampler(_sampler.ShardedSampler, _tud.Sampler): ...
+    class TokenBudgetBatchSampler(_sampler.TokenBudgetBatchSampler, _tud.Sampler): ...
+else:
+    # Datasets: conveyor's behaviour; instances of torch's class of the same name.
+    Dataset = _torch_flavoured(_dataset.Dataset, _tud.Dataset)
+    IterableDataset = _torch_flavoured(_dataset.IterableDataset, _tud.IterableDataset)
+    TensorDataset = _torch_flavoured(_dataset.TensorDataset, _tud.TensorDataset)
+    StackDataset = _torch_flavoured(_dataset.StackDataset, _tud.StackDataset)
+    ConcatDataset = _torch_flavoured(_dataset.ConcatDataset, _tud.ConcatDataset)
+    ChainDataset = _torch_flavoured(_dataset.ChainDataset, _tud.ChainDataset)
+    Subset = _torch_flavoured(_dataset.Subset, _tud.Subset)
+    ShardedIterable = _torch_flavoured(_sharding.ShardedIterable, _tud.IterableDataset)
+
+    # Samplers: torch's draws; instances of torch's class of the same name, so
+    # frameworks that look for torch's samplers (Lightning, Accelerate) find them.
+    Sampler = _torch_flavoured(_sampler.Sampler, _tud.Sampler)
+    SequentialSampler = _torch_flavoured(_sampler.SequentialSampler, _tud.SequentialSampler)
+    RandomSampler = _torch_flavoured(_sampler.RandomSampler, _tud.RandomSampler)
+    SubsetRandomSampler = _torch_flavoured(_sampler.SubsetRandomSampler, _tud.SubsetRandomSampler)
+    WeightedRandomSampler = _torch_flavoured(_sampler.WeightedRandomSampler, _tud.WeightedRandomSampler)
+    BatchSampler = _torch_flavoured(_sampler.BatchSampler, _tud.BatchSampler)
+    DistributedSampler = _torch_flavoured(_sampler.DistributedSampler, _tud.DistributedSampler)
+    ShardedSampler = _torch_flavoured(_sampler.ShardedSampler, _tud.Sampler)
+    TokenBudgetBatchSampler = _torch_flavoured(_sampler.TokenBudgetBatchSampler, _tud.Sampler)
 
 # Collation: torch tensors out.
 default_collate = _collate.torch_default_collate
@@ -90,8 +123,8 @@ PadCollate = _collate.TorchPadCollate
 def random_split(
     dataset: Any,
     lengths: Sequence[Union[int, float]],
-    generator: Optional[Any] = None,
-) -> list:
+    generator: GeneratorLike = None,
+) -> list[Subset[Any]]:
     """Split ``dataset`` into non-overlapping subsets, as torch.utils.data does.
 
     Without ``generator`` it draws from ``torch.default_generator``, as torch,
@@ -102,10 +135,7 @@ def random_split(
     return [Subset(part.dataset, part.indices) for part in _splits.random_split(dataset, lengths, generator=generator)]
 
 
-_T_co = TypeVar("_T_co", covariant=True)
-
-
-class DataLoader(_loader.DataLoader[_T_co], _tud.DataLoader[_T_co]):
+class DataLoader(_loader.DataLoader[_T_co], _tud.DataLoader[_T_co]):  # type: ignore[misc]  # (conveyor's __iter__ and attributes come first)
     """conveyor's DataLoader, an instance of ``torch.utils.data.DataLoader``
     too (frameworks that check for torch's loader accept it; every method is
     conveyor's)."""
@@ -121,7 +151,7 @@ class DataLoader(_loader.DataLoader[_T_co], _tud.DataLoader[_T_co]):
     _iterator = None
 
     @property
-    def _dataset_kind(self) -> int:
+    def _dataset_kind(self) -> int:  # type: ignore[override]  # (torch's loader sets it in __init__, conveyor's does not)
         """torch's ``_DatasetKind`` of the dataset (Map or Iterable), for code that reads it."""
         return _DatasetKind.Iterable if self._iterable else _DatasetKind.Map
 
