@@ -43,7 +43,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     parsers = {}
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"{__name__}.{module_name}")
-        text = _plain(module.__doc__)
+        text = _plain(module.__doc__ or "")
         parsers[name] = commands.add_parser(
             name, help=text.splitlines()[0], description=text, formatter_class=argparse.RawDescriptionHelpFormatter
         )

@@ -30,6 +30,7 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from time import perf_counter
+from types import ModuleType
 from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
@@ -47,7 +48,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "conveyor"
 
 
-def _require_pillow():
+def _require_pillow() -> ModuleType:
     try:
         from PIL import Image
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -296,9 +297,9 @@ def conveyor_dataloader() -> tuple[str, type]:
 
         return "conveyor.torch", DataLoader
     except ImportError:
-        from .. import DataLoader
+        from .. import DataLoader as CoreDataLoader
 
-        return "conveyor", DataLoader
+        return "conveyor", CoreDataLoader
 
 
 class _TorchBars:
@@ -330,7 +331,9 @@ def torch_side(dataset: ImageFolder, args: argparse.Namespace, progress: bool) -
     except ImportError:
         return None
     generator = torch.Generator().manual_seed(args.seed)
-    bars = _TorchBars(torch.utils.data.DataLoader(dataset, generator=generator, **_loader_arguments(args)), progress)
+    # (the ignore: torch's loader reads any map-style dataset; its annotation names its own Dataset class)
+    loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(dataset, generator=generator, **_loader_arguments(args))  # type: ignore[arg-type]
+    bars = _TorchBars(loader, progress)
     return Side("torch.utils.data", bars.wrap, bars.show)
 
 

@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar, Union
 
 from .._engine import portable
 from .._engine.cpu import usable_cores
@@ -41,7 +41,7 @@ from .._engine.cpu import usable_cores
 try:
     import resource
 except ImportError:  # Windows: no limit on open files to read
-    resource = None
+    resource = None  # type: ignore[assignment]
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 _MIB = 1 << 20
@@ -194,7 +194,7 @@ def check_shm(
         fix = f"mount a tmpfs there (mount -t tmpfs -o size=8G tmpfs {path}, as root), or docker run --shm-size=8g"
     else:
         level = 2 if free_bytes < SHM_FAIL_BELOW_BYTES else 1 if free_bytes < SHM_WARN_BELOW_BYTES else 0
-        seen = f"{_size(free_bytes)} free of {_size(total_bytes)}"
+        seen = f"{_size(free_bytes)} free" + (f" of {_size(total_bytes)}" if total_bytes is not None else "")
         fix = (
             f"give it room: docker run --shm-size=8g (Kubernetes: an emptyDir with medium: Memory at {path}), or "
             f"mount -o remount,size=8G {path} (root); files left there by crashed programs take room too"
@@ -300,7 +300,9 @@ def _describe_accelerator(torch: Any) -> Optional[str]:
     if torch.cuda.is_available():  # CUDA and ROCm
         return f"CUDA, {torch.cuda.device_count()} × {torch.cuda.get_device_name(0)}"
     accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: MPS, XPU, ...
-    current = accelerator.current_accelerator() if accelerator is not None else None
+    if accelerator is None:
+        return None
+    current = accelerator.current_accelerator()
     return None if current is None else f"{current.type}, {accelerator.device_count()} device(s)"
 
 
@@ -437,7 +439,10 @@ def check_data(folder: Path, read: Callable[[Sequence[str], bool], ReadPass] = r
 # ---------------------------------------------------------------------- CLI
 
 
-def _safely(check: Callable[..., Check], *args: Any, **kwargs: Any) -> Check:
+_Found = TypeVar("_Found", bound=Optional[Check])
+
+
+def _safely(check: Callable[..., _Found], *args: Any, **kwargs: Any) -> Union[_Found, Check]:
     """Run one check; one that raises becomes a WARN naming the error, so a
     probe broken by an odd system does not hide the other checks."""
     try:

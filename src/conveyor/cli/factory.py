@@ -8,6 +8,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 
@@ -42,7 +43,7 @@ def load_factory(spec: str, returns: str = "a dataset or a DataLoader") -> Calla
     return factory
 
 
-def _import_file(path: Path) -> Any:
+def _import_file(path: Path) -> ModuleType:
     if not path.is_file():
         raise FactoryError(f"no such file: {path}")
     path = path.resolve()
@@ -56,6 +57,8 @@ def _import_file(path: Path) -> Any:
     if existing is not None:  # the stem names another module: leave that one alone
         name = f"_conveyor_factory_{name}"
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise FactoryError(f"cannot import {path}: Python imports files named *.py")
     module = sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

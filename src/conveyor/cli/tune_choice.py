@@ -34,6 +34,25 @@ def measured(results: list[Result]) -> list[Result]:
     return [r for r in results if r.status == "measured" and r.samples_per_s]
 
 
+def rate_range(r: Result) -> tuple[float, float]:
+    """(slowest, fastest) round's samples/s of a measured setting (one with rounds, as measured() keeps)."""
+    if r.rate_range is None:
+        raise ValueError(f"{r.label()} has no rounds")
+    return r.rate_range
+
+
+def best_rate(r: Result) -> float:
+    """The best round's samples/s of a measured setting: settings are compared by it."""
+    return rate_range(r)[1]
+
+
+def median_wait(r: Result) -> float:
+    """The data wait at the median round of a measured setting."""
+    if r.data_wait_fraction is None:
+        raise ValueError(f"{r.label()} has no rounds")
+    return r.data_wait_fraction
+
+
 def noise(results: list[Result]) -> float:
     """How far a setting's best round typically stands above its next best: the median, over the
     settings measured in at least two rounds, of (best - second best) / best; 0 without such a setting.
@@ -66,11 +85,11 @@ def tie_rule(results: list[Result]) -> str:
 
 def ties(results: list[Result]) -> list[Result]:
     """The measured settings whose best rate is within :func:`tolerance` of the fastest one's, fastest first."""
-    candidates = sorted(measured(results), key=lambda r: -r.best_samples_per_s)
+    candidates = sorted(measured(results), key=lambda r: -best_rate(r))
     if not candidates:
         return []
-    floor = (1 - tolerance(results)) * candidates[0].best_samples_per_s
-    return [r for r in candidates if r.best_samples_per_s >= floor]
+    floor = (1 - tolerance(results)) * best_rate(candidates[0])
+    return [r for r in candidates if best_rate(r) >= floor]
 
 
 def leanness(r: Result) -> tuple:
@@ -148,21 +167,21 @@ def advise(rec: Result, results: list[Result], judged: Optional[Round] = None) -
     tied = ties(results)
 
     def rates(r: Result) -> str:
-        low, high = r.rate_range
+        low, high = rate_range(r)
         return f"best round {high:,.0f} samples/s, median {r.samples_per_s:,.0f}, slowest {low:,.0f}"
 
     def finding(r: Result) -> str:
         how = "as fast within the noise" if r in tied else "slower than the fastest beyond the noise"
         return f"{_setting_words(r)}: {rates(r)}, {how}"
 
-    fastest_two = sorted(against, key=lambda r: -r.best_samples_per_s)[:2]  # evidence enough
+    fastest_two = sorted(against, key=lambda r: -best_rate(r))[:2]  # evidence enough
     text = (
         f"the stats of this setting alone suggest another, but the sweep measured it: "
         + "; ".join(map(finding, fastest_two))
         + f" (this one: {rates(rec)})"
     )
     stage = judged_round.slowest_stage if judged_round is not None else None
-    if any(r in tied for r in against) and stage is not None:
+    if any(r in tied for r in against) and judged_round is not None and stage is not None:
         text += (
             f". More workers or batches in flight did not measurably help: the time goes to {stage} "
             f"({judged_round.slowest_share:.0%} of loading time); make it cheaper, or check what else uses the cores"

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 from .._engine.cpu import usable_cores
 from ..stats.verdict import INPUT_BOUND_WAIT
-from .tune_choice import advise, leanness, measured, noise, tie_rule, ties, tolerance
+from .tune_choice import advise, leanness, measured, median_wait, noise, rate_range, tie_rule, ties, tolerance
 from .tune_measure import Result, Round, available_bytes
 from .tune_sweep import SweepOptions
 
@@ -70,7 +70,7 @@ def describe_choice(rec: Optional[Result], results: list[Result]) -> str:
     """The recommendation with its spread, the settings it ties with, and the noise that made them tie."""
     if rec is None:
         return "no setting was measured: raise --max-seconds or --max-rss-gb, or check that the loader yields batches"
-    low, high = rec.rate_range
+    low, high = rate_range(rec)
     text = (
         f"recommended: {rec.label()}: best round {high:,.0f} samples/s, median {rec.samples_per_s:,.0f}, slowest "
         f"{low:,.0f} ({len(rec.rounds)} rounds); data wait {rec.data_wait_fraction:.0%}"
@@ -92,7 +92,7 @@ def describe_bound(rec: Result, results: list[Result], step_ms: float, judged: O
     ``judged``: the longer round that gave the verdict (else the median round's figures are used)."""
     if not step_ms:
         return "  (no --step-ms: the loop only waits for data; pass your step's time to see if training would)"
-    wait, where = rec.data_wait_fraction, "at the median of the rounds"
+    wait, where = median_wait(rec), "at the median of the rounds"
     if judged is not None:
         wait, where = judged.data_wait_fraction, f"in a longer round of this setting ({judged.batches} batches)"
     if wait > INPUT_BOUND_WAIT:
@@ -154,7 +154,7 @@ def _error_bars(points: list[Result], median: Callable, spread: Callable, shift:
 
 
 def _rates(r: Result) -> tuple[float, float]:
-    return r.rate_range
+    return rate_range(r)
 
 
 def _waits(r: Result) -> tuple[float, float]:
@@ -192,9 +192,9 @@ def plot(results: list[Result], rec: Optional[Result], path: Path) -> None:
         wait.errorbar(x, y, yerr=bars, marker="o", capsize=4)
     if rec is not None:
         star = dict(marker="*", markersize=18, color="red", linestyle="")
-        x = rec.workers + (shifts.get((rec.prefetch, rec.batch_size), 0.0) if rec.workers else 0.0)
-        rate.plot([x], [rec.best_samples_per_s], label=f"recommended: {rec.label()}", **star)
-        wait.plot([x], [_percent(rec.data_wait_fraction)], **star)
+        at = rec.workers + (shifts.get((rec.prefetch, rec.batch_size), 0.0) if rec.workers else 0.0)
+        rate.plot([at], [rec.best_samples_per_s], label=f"recommended: {rec.label()}", **star)
+        wait.plot([at], [_percent(rec.data_wait_fraction)], **star)
     rounds = max((len(r.rounds) for r in shown), default=0)
     rate.set(
         title=f"conveyor tune: median of {rounds} rounds, bars from the slowest to the best\n"
@@ -227,7 +227,7 @@ def write_outputs(
     if rec is not None:
         recommendation = rec.to_dict()
         # With no training step the loop only waits: there is no bound to tell.
-        wait = (judged or rec).data_wait_fraction
+        wait = judged.data_wait_fraction if judged is not None else median_wait(rec)
         recommendation["bound"] = ("input" if wait > INPUT_BOUND_WAIT else "compute") if options.step_s else None
         recommendation["advice"] = advise(rec, results, judged)
         recommendation["verdict_round"] = asdict(judged) if judged is not None else None

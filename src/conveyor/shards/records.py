@@ -19,7 +19,7 @@ import io
 import json
 import numbers
 import tarfile
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -30,7 +30,7 @@ _INT_EXTS = ("cls", "idx", "id", "index")
 _TEXT_EXTS = ("txt", "text")
 
 
-def tar_bytes(sizes: Iterator[int]) -> int:
+def tar_bytes(sizes: Iterable[int]) -> int:
     """Bytes the members of these sizes take in a tar (headers and padding)."""
     return sum(BLOCK + -(-size // BLOCK) * BLOCK for size in sizes)
 
