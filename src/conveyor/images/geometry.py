@@ -15,7 +15,6 @@ machine, where 1/2, 1/4 and 1/8 cost less (docs/images.md).
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -33,13 +32,14 @@ class DecodePlan(NamedTuple):
 
     scale: Fraction
     region: tuple[int, int, int, int]
-    inside: tuple[Fraction, Fraction, Fraction, Fraction]
+    inside: tuple[float, float, float, float]
 
 
 def choose_scale(box: Box, out_height: int, out_width: int) -> Fraction:
     """The smallest DCT scale at which the box still covers the output on both axes."""
     for scale in SCALES:
-        if box.height * scale >= out_height and box.width * scale >= out_width:
+        num, den = scale.numerator, scale.denominator
+        if box.height * num >= out_height * den and box.width * num >= out_width * den:
             return scale
     return SCALES[-1]
 
@@ -50,20 +50,29 @@ def scaled_size(size: int, scale: Fraction) -> int:
 
 
 def plan_decode(box: Box, image_height: int, image_width: int, mcu_width: int, out_height: int, out_width: int) -> DecodePlan:
-    """The DecodePlan of ``box`` in an image of that size and iMCU width.
+    """The DecodePlan of ``box`` in an image of that size and iMCU width
+    (integer arithmetic: this runs for every sample).
 
     >>> plan_decode(Box(100, 50, 200, 300), 375, 500, 16, 224, 224)
-    DecodePlan(scale=Fraction(1, 1), region=(48, 100, 302, 200), inside=(Fraction(0, 1), Fraction(2, 1), Fraction(200, 1), Fraction(300, 1)))
+    DecodePlan(scale=Fraction(1, 1), region=(48, 100, 302, 200), inside=(0.0, 2.0, 200.0, 300.0))
+    >>> plan_decode(Box(414, 621, 997, 1004), 1536, 2048, 16, 224, 224).inside
+    (0.5, 3.25, 249.25, 251.0)
     """
     scale = choose_scale(box, out_height, out_width)
-    full_w, full_h = scaled_size(image_width, scale), scaled_size(image_height, scale)
-    top, left = box.top * scale, box.left * scale
-    bottom, right = (box.top + box.height) * scale, (box.left + box.width) * scale
-    step = max(1, int(mcu_width * scale))
-    x0 = (math.floor(left) // step) * step
-    y0 = min(math.floor(top), full_h - 1)
-    x1 = min(full_w, max(x0 + 1, math.ceil(right)))
-    y1 = min(full_h, max(y0 + 1, math.ceil(bottom)))
+    num, den = scale.numerator, scale.denominator
+    full_w, full_h = -(-image_width * num // den), -(-image_height * num // den)
+    top, left = box.top * num, box.left * num  # (in 1/den pixels of the scaled image)
+    bottom, right = (box.top + box.height) * num, (box.left + box.width) * num
+    step = max(1, mcu_width * num // den)
+    x0 = (left // den) // step * step
+    y0 = min(top // den, full_h - 1)
+    x1 = min(full_w, max(x0 + 1, -(-right // den)))
+    y1 = min(full_h, max(y0 + 1, -(-bottom // den)))
     # (the scaled image is rounded up, so a box that reaches the source's edge stays inside it)
-    inside = (top - y0, left - x0, min(bottom, y1) - top, min(right, x1) - left)
+    inside = (
+        (top - y0 * den) / den,
+        (left - x0 * den) / den,
+        (min(bottom, y1 * den) - top) / den,
+        (min(right, x1 * den) - left) / den,
+    )
     return DecodePlan(scale, (x0, y0, x1 - x0, y1 - y0), inside)

@@ -48,7 +48,7 @@ _local = threading.local()
 def scratch(shape: tuple, dtype: Any = np.uint8) -> np.ndarray:
     """A reusable array of this thread (a fresh array of a few hundred KB costs
     the kernel's zeroed pages at every sample)."""
-    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    size = math.prod(shape) * np.dtype(dtype).itemsize
     buffer = getattr(_local, "buffer", None)
     if buffer is None or buffer.size < size:
         buffer = _local.buffer = np.empty(max(size, 1 << 20), np.uint8)
@@ -81,8 +81,7 @@ def _resize(region: np.ndarray, inside: tuple, flip: bool, out: np.ndarray) -> N
     y0, x0 = math.floor(top), math.floor(left)
     y1, x1 = math.ceil(top + height), math.ceil(left + width)
     source = region[y0:y1, x0:x1]
-    top, left = float(top - y0), float(left - x0)
-    height, width = float(height), float(width)
+    top, left = top - y0, left - x0
     middle = _two_steps(height, width, out_h, out_w)
     whole = top == 0 and left == 0 and height == source.shape[0] and width == source.shape[1]
     if middle is not None:
