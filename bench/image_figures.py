@@ -21,7 +21,7 @@ _LIBS = {
     "pillow": "Pillow 13 (decode, crop+resize antialiased)",
     "pillow_simd": "Pillow-SIMD 12.1",
     "opencv": "OpenCV imread + INTER_AREA resize",
-    "simplejpeg": "simplejpeg + OpenCV resize",
+    "simplejpeg": "simplejpeg + OpenCV INTER_AREA resize",
     "conveyor_images": "conveyor.images (TurboJPEG region, DCT scaling, OpenCV)",
 }
 
@@ -75,6 +75,9 @@ IMAGES: dict[str, Callable[[dict], str]] = {
     "imagenet.vs_dali": _ratio("imagenet_sized", "dali_cpu"),
     "large.vs_torch": _ratio("large_photos", "torch"),
     "large.vs_dali": _ratio("large_photos", "dali_cpu"),
+    "packed.vs_torch": lambda d: times(
+        d["large_photos_packed"]["median"]["conveyor_images_packed"] / d["large_photos_packed"]["median"]["torch"]
+    ),
     "first.vs_spdl": lambda d: times(d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["spdl"]),
     "first.vs_spdl_images": lambda d: times(
         d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["spdl_images"]
