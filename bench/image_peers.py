@@ -80,6 +80,21 @@ def _conveyor_images(root: str, batch: int):
     return ct.DataLoader(ImageFolder(root, RandomResizedCrop(SIZE)), batch_size=batch, shuffle=True, num_workers=WORKERS)
 
 
+def _conveyor_images_packed(root: str, batch: int):
+    """conveyor.images over shards packed with --max-side 512 (made once, beside the files)."""
+    import conveyor.torch as ct
+    from conveyor.cli import main as cli
+    from conveyor.images import RandomResizedCrop
+    from conveyor.shards import ShardDataset
+
+    shards = Path(root).parent / (Path(root).name + "-max-side-512")
+    if not (shards / "manifest.json").exists():
+        assert cli(["pack", root, str(shards), "--max-bytes", "256M", "--max-side", "512"]) == 0
+    crop = RandomResizedCrop(SIZE)
+    dataset = ShardDataset(str(shards), transform=lambda s: (crop(s["jpg"]), s["cls"]))
+    return ct.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=WORKERS)
+
+
 def _dali(root: str, batch: int):
     from nvidia.dali import fn, pipeline_def, types
 
@@ -174,6 +189,7 @@ LOADERS = {
     "torch": _torch,
     "conveyor_pillow": _conveyor_pillow,
     "conveyor_images": _conveyor_images,
+    "conveyor_images_packed": _conveyor_images_packed,
     "dali_cpu": _dali,
     "ffcv": _ffcv,
     "spdl": _Spdl,

@@ -10,7 +10,9 @@ flip half, uint8 224 x 224 x 3 batches, 2 workers (processes, or the
 library's threads), shuffled; samples/s over an epoch after the first batch
 (FFCV after a warm-up epoch: it compiles). Two sets of files
 (bench/image_data.py): 1,000 ImageNet-sized JPEGs (400-500 x 300-400,
-quality 90) and 64 large photos (2,000-3,000 px). Each contender runs in a
+quality 90) and 64 large photos (2,000-3,000 px), these also packed with
+``conveyor pack --max-side 512`` and read through ShardDataset by
+conveyor.images (against torch on the files). Each contender runs in a
 process of its own; in each round the contenders take turns (the order
 reversed every other round), and the report gives medians, every round,
 and ratios to torch + Pillow, to FFCV and to DALI. The ceiling of each
@@ -112,7 +114,7 @@ def first_batch(root: Path, batch: int, rounds: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="rounds per measurement (default 5)")
-    parser.add_argument("--only", default="imagenet,large,ceilings,first", help="comma-separated parts to run")
+    parser.add_argument("--only", default="imagenet,large,packed,ceilings,first", help="comma-separated parts to run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -132,6 +134,10 @@ def main() -> int:
         report["imagenet_sized"] = {"files": 1000, "batch": 32, **rates(imagenet, 32, args.rounds)}
     if "large" in only:
         report["large_photos"] = {"files": 64, "batch": 16, **rates(large, 16, args.rounds)}
+    if "packed" in only:  # large photos stored at most 512 px (conveyor pack --max-side 512), against torch on the files
+        kinds = ("torch", "conveyor_images_packed")
+        packed = _summary(_rounds(lambda kind: _run("rate", kind, str(large), "16"), kinds, args.rounds))
+        report["large_photos_packed"] = {"files": 64, "batch": 16, "max_side": 512, **packed}
     if "ceilings" in only:
         report["ceilings_imagenet_sized"] = ceilings(imagenet, args.rounds)
         report["ceilings_large_photos"] = ceilings(large, max(1, args.rounds // 2))
