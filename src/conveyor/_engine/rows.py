@@ -18,6 +18,7 @@ are and collate takes its usual path (and its usual errors).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any, Optional, Sequence
 
@@ -176,7 +177,7 @@ _BACKGROUND_NICE = 10
 def _fill(share: list, errors: list, nice: int = 0) -> None:
     """Fill each (leaf, row) of ``share`` (this thread first made ``nice``r
     where the system allows it); the first error is kept in ``errors``."""
-    if nice:
+    if nice and sys.platform.startswith("linux"):  # (elsewhere a thread id is no process id: leave it)
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)  # (Linux: this thread only)
         except (AttributeError, OSError):
