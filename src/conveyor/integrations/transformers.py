@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import transformers.trainer as _trainer_module
 from transformers import Trainer
@@ -47,8 +47,13 @@ from .accelerate import prepare_data_loader, skip_first_batches
 
 __all__ = ["ConveyorTrainer", "ConveyorTrainerMixin"]
 
+if TYPE_CHECKING:  # (a type checker reads the mixin as the Trainer it is mixed into)
+    _MixedInto = Trainer
+else:
+    _MixedInto = object
 
-class ConveyorTrainerMixin:
+
+class ConveyorTrainerMixin(_MixedInto):
     """Makes a ``transformers.Trainer`` (sub)class train through conveyor;
     put it before the Trainer class among the bases."""
 
@@ -126,7 +131,7 @@ class ConveyorTrainerMixin:
         if checkpoint is not None and kwargs.get("epoch") == kwargs.get("epochs_trained"):
             load_states(self.accelerator, checkpoint, required=False)  # (without one, skip_first_batches re-reads)
         with _skips_through_conveyor():
-            return super()._run_epoch(*args, **kwargs)
+            return super()._run_epoch(*args, **kwargs)  # type: ignore[no-untyped-call]  # (transformers does not annotate it)
 
 
 @contextlib.contextmanager
