@@ -25,7 +25,7 @@ import io
 import mmap
 import os
 from bisect import bisect_right
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -36,8 +36,11 @@ from .manifest import MANIFEST, Manifest, ShardRecord, find_shards, shard_paths
 from .records import BLOCK, decode_member
 from .stream import ShardReader, ShardStream
 
+if TYPE_CHECKING:
+    from ..store import Store
 
-def index_for(path: str, record: Optional[ShardRecord] = None, store: Any = None) -> ShardIndex:
+
+def index_for(path: str, record: Optional[ShardRecord] = None, store: Optional[Store] = None) -> ShardIndex:
     """A shard's index, checked against its tar and its manifest record:
     its ``.idx`` file when there is one (``conveyor pack`` writes it), else
     read from the tar's headers (for a shard in a store, from its local
@@ -114,7 +117,11 @@ class ShardDataset:
     """
 
     def __init__(
-        self, source: Any, transform: Optional[Callable[[dict], Any]] = None, decode: bool = True, store: Any = None
+        self,
+        source: Union[str, os.PathLike, Sequence[str]],
+        transform: Optional[Callable[[dict], Any]] = None,
+        decode: bool = True,
+        store: Optional[Store] = None,
     ):
         self.store = store
         self.paths, manifest = find_shards(source, store)
@@ -183,7 +190,7 @@ class ShardDataset:
         first, stop = index.starts.item(s), index.starts.item(s + 1)
         data: bytes | mmap.mmap
         if self.store is not None and (self._pid != os.getpid() or shard not in self._maps):
-            base, data = self._read_range(shard, s, first, stop)
+            base, data = self._read_range(self.store, shard, s, first, stop)
         else:
             base, data = 0, self.open_shard(shard)
         key = index.keys.item(s)
@@ -202,14 +209,14 @@ class ShardDataset:
             sample[ext] = data[at : at + size]
         return sample
 
-    def _read_range(self, shard: int, s: int, first: int, stop: int) -> tuple[int, bytes]:
+    def _read_range(self, store: Store, shard: int, s: int, first: int, stop: int) -> tuple[int, bytes]:
         """(where it begins in the tar, the bytes): sample ``s``'s first header to its last byte, by one ranged read."""
         if first == stop:
             return 0, b""
         index = self.indexes[shard]
         base = index.offsets.item(first) - BLOCK
         end = index.offsets.item(stop - 1) + index.sizes.item(stop - 1)
-        data = self.store.read(self.paths[shard], base, end)
+        data = store.read(self.paths[shard], base, end)
         if len(data) != end - base:
             raise ShardError(
                 f"{self.paths[shard]}: sample {s} of the shard: the store returned {len(data)} of its {end - base} "

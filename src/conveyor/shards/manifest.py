@@ -18,9 +18,12 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from .errors import VERIFY_HINT, ShardError
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 MANIFEST = "manifest.json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -128,7 +131,9 @@ def read_manifest(folder: str) -> Optional[Manifest]:
 
 
 # --------------------------------------------------------------- listing
-def find_shards(source: Union[str, os.PathLike, Sequence], store: Any = None) -> tuple[list[str], Optional[Manifest]]:
+def find_shards(
+    source: Union[str, os.PathLike, Sequence[str]], store: Optional[Store] = None
+) -> tuple[list[str], Optional[Manifest]]:
     """The shards ``source`` names, and the manifest that lists them (None
     when they were not found through one); see :func:`shard_paths`."""
     if isinstance(source, (list, tuple)):
@@ -152,7 +157,7 @@ def find_shards(source: Union[str, os.PathLike, Sequence], store: Any = None) ->
     return [source], None
 
 
-def shard_paths(source: Union[str, os.PathLike, Sequence], store: Any = None) -> list[str]:
+def shard_paths(source: Union[str, os.PathLike, Sequence[str]], store: Optional[Store] = None) -> list[str]:
     """The shards ``source`` names: a folder (its manifest's shards, else its
     ``*.tar`` files, sorted), a glob pattern, one tar, or a list of tars; in
     ``store`` (a conveyor.Store) when given, a folder of it. A manifest is
