@@ -1,0 +1,63 @@
+"""src/conveyor type-checks with no errors: mypy, at the strictness that
+[tool.mypy] in pyproject.toml states (close to --strict; the reasons for
+what it leaves out are there). Runs mypy as `make test` runs pytest, with
+this environment's Python; its cache (.mypy_cache) makes a second run take
+seconds, a first one a few minutes."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Modules being reshaped under issue 22 (one engine, one plan, one state):
+#: pyproject.toml's override with ignore_errors keeps their own errors out
+#: of the report until the reshaping lands; then they are checked like the
+#: rest, and this list and that override go.
+RESHAPING = [
+    "conveyor._engine.*",
+    "conveyor.loader",
+    "conveyor.iteration",
+    "conveyor.state",
+    "conveyor.state_format",
+    "conveyor.state_checks",
+    "conveyor.images.*",
+]
+
+
+@pytest.mark.timeout(600)
+def test_src_type_checks_without_errors():
+    if importlib.util.find_spec("mypy") is None:
+        pytest.fail("mypy is not installed: pip install -e '.[dev]' (the development extras pin it)")
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "src/conveyor"], cwd=ROOT, capture_output=True, text=True, timeout=580
+    )
+    errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+    assert done.returncode == 0, (
+        f"mypy found {len(errors)} error(s) in src/conveyor (fix the code or its annotations; an ignore only where "
+        f"the code is right and mypy cannot see it, with its error code and why):\n{done.stdout}{done.stderr}"
+    )
+
+
+def test_only_the_modules_being_reshaped_have_their_errors_ignored():
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        overrides = tomllib.load(f)["tool"]["mypy"].get("overrides", [])
+    ignored = []
+    for override in overrides:
+        if override.get("ignore_errors"):
+            modules = override["module"]
+            ignored += [modules] if isinstance(modules, str) else modules
+    assert sorted(ignored) == sorted(RESHAPING), (
+        "pyproject.toml's [tool.mypy] overrides ignore the errors of other modules than RESHAPING in "
+        f"tests/test_types.py: {sorted(set(ignored) ^ set(RESHAPING))}"
+    )
