@@ -21,7 +21,7 @@ import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional
 
-from ..arguments import is_iterable_dataset
+from ..dataset import is_iterable_dataset
 from .factory import FactoryError
 
 #: How often to read memory while a round runs: a read opens one /proc file

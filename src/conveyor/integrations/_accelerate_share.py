@@ -24,7 +24,7 @@ from typing import Any
 
 from accelerate.data_loader import BatchSamplerShard
 
-from conveyor.sampler import replay_point, replay_point_problem, restore_replay_point
+from conveyor.sampler.replay import replay_point, replay_point_problem, restore_replay_point
 
 __all__ = ["RankShare", "install_checkpoint_hooks", "load_states", "save_states", "state_file"]
 

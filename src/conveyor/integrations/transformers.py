@@ -141,11 +141,11 @@ def _skips_through_conveyor() -> Iterator[None]:
     if original is None:
         yield
         return
-    _trainer_module.skip_first_batches = skip_first_batches
+    setattr(_trainer_module, "skip_first_batches", skip_first_batches)  # (a name it imports, not one it exports)
     try:
         yield
     finally:
-        _trainer_module.skip_first_batches = original
+        setattr(_trainer_module, "skip_first_batches", original)
 
 
 class ConveyorTrainer(ConveyorTrainerMixin, Trainer):
