@@ -78,6 +78,14 @@ IMAGES: dict[str, Callable[[dict], str]] = {
     "packed.vs_torch": lambda d: times(
         d["large_photos_packed"]["median"]["conveyor_images_packed"] / d["large_photos_packed"]["median"]["torch"]
     ),
+    "previous.load": lambda d: f"{d['previous_run']['machine']['load_before'][0]:.1f}",
+    "previous.imagenet.vs_torch": lambda d: _ratio("imagenet_sized", "torch")(d["previous_run"]),
+    "previous.imagenet.vs_ffcv": lambda d: _ratio("imagenet_sized", "ffcv")(d["previous_run"]),
+    "previous.imagenet.vs_dali": lambda d: _ratio("imagenet_sized", "dali_cpu")(d["previous_run"]),
+    "previous.large.vs_torch": lambda d: _ratio("large_photos", "torch")(d["previous_run"]),
+    "previous.first.vs_spdl": lambda d: times(
+        d["previous_run"]["first_batch_s"]["median"]["conveyor_images"] / d["previous_run"]["first_batch_s"]["median"]["spdl"]
+    ),
     "first.vs_spdl": lambda d: times(d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["spdl"]),
     "first.vs_spdl_images": lambda d: times(
         d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["spdl_images"]
