@@ -27,7 +27,7 @@ from .folder import IMAGE_EXTENSIONS, ImageFolder
 from .transforms import PendingImage, RandomResizedCrop
 
 
-def decoders() -> dict:
+def decoders() -> dict[str, str]:
     """Which libraries this process decodes and resizes with: ``{"jpeg":
     "turbojpeg" or "pillow", "resize": "opencv" or "pillow"}``."""
     from .resample import opencv

@@ -37,7 +37,7 @@ class Box(NamedTuple):
     width: int
 
 
-def check_range(name: str, value: tuple, positive: bool = True) -> tuple[float, float]:
+def check_range(name: str, value: tuple[float, float], positive: bool = True) -> tuple[float, float]:
     """``value`` as a (low, high) pair of floats; a ValueError naming ``name`` otherwise."""
     try:
         low, high = (float(v) for v in value)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -36,23 +36,25 @@ def opencv() -> Any:
     if _cv2 is False:
         try:
             import cv2
+
+            _cv2 = cv2
         except ImportError:
-            cv2 = None
-        _cv2 = cv2
+            _cv2 = None
     return _cv2
 
 
 _local = threading.local()
 
 
-def scratch(shape: tuple, dtype: Any = np.uint8) -> np.ndarray:
+def scratch(shape: tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
     """A reusable array of this thread (a fresh array of a few hundred KB costs
     the kernel's zeroed pages at every sample)."""
     size = math.prod(shape) * np.dtype(dtype).itemsize
     buffer = getattr(_local, "buffer", None)
     if buffer is None or buffer.size < size:
         buffer = _local.buffer = np.empty(max(size, 1 << 20), np.uint8)
-    return buffer[:size].view(dtype).reshape(shape)
+    view: np.ndarray = buffer[:size].view(dtype).reshape(shape)
+    return view
 
 
 def _two_steps(height: float, width: float, out_h: int, out_w: int) -> Optional[tuple[int, int]]:
@@ -63,7 +65,7 @@ def _two_steps(height: float, width: float, out_h: int, out_w: int) -> Optional[
     return max(out_w, round(width / math.sqrt(max(ratio_w, 1)))), max(out_h, round(height / math.sqrt(max(ratio_h, 1))))
 
 
-def _resize(region: np.ndarray, inside: tuple, flip: bool, out: np.ndarray) -> None:
+def _resize(region: np.ndarray, inside: tuple[float, float, float, float], flip: bool, out: np.ndarray) -> None:
     """The box ``inside`` = (top, left, height, width) of ``region``
     resized into ``out`` (uint8 H×W×3, rows may be strided), mirrored when
     ``flip``. A box in whole pixels is cut out and resized; a fractional
@@ -109,7 +111,7 @@ class OutputFormat:
     "HWC" or "CHW", and, when ``mean`` and ``std`` are given (per channel,
     on the 0-1 scale), float32 normalised values instead of uint8."""
 
-    def __init__(self, size: tuple[int, int], layout: str = "HWC", mean: Optional[tuple] = None, std: Optional[tuple] = None):
+    def __init__(self, size: tuple[int, int], layout: str = "HWC", mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None):
         if layout not in ("HWC", "CHW"):
             raise ValueError(f"layout must be 'HWC' or 'CHW', got {layout!r}")
         if (mean is None) != (std is None):
@@ -126,7 +128,7 @@ class OutputFormat:
         height, width = size
         self.shape = (height, width, 3) if layout == "HWC" else (3, height, width)
 
-    def write(self, region: np.ndarray, inside: tuple, flip: bool, out: np.ndarray) -> None:
+    def write(self, region: np.ndarray, inside: tuple[float, float, float, float], flip: bool, out: np.ndarray) -> None:
         """The box ``inside`` = (top, left, height, width) of ``region``
         (uint8 H×W×3) resized, flipped when ``flip``, into ``out`` (of
         ``self.shape`` and dtype)."""

@@ -42,7 +42,7 @@ class PendingImage:
         self.data, self.source, self.box, self.flip, self.output = data, source, box, flip, output
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> tuple[int, ...]:
         return self.output.shape
 
     @property
@@ -73,16 +73,13 @@ register_collate(PendingImage, _collate_pending)
 
 
 def _pair(size: Any) -> tuple[int, int]:
-    if isinstance(size, int):
-        pair = (size, size)
-    else:
-        try:
-            pair = tuple(int(s) for s in size)
-        except TypeError:
-            pair = ()
-    if len(pair) != 2 or min(pair) < 1:
+    try:
+        values = [size, size] if isinstance(size, int) else [int(s) for s in size]
+    except TypeError:
+        values = []
+    if len(values) != 2 or min(values) < 1:
         raise ValueError(f"size must be an int or (height, width) of positive ints, got {size!r}")
-    return pair  # type: ignore[return-value]
+    return values[0], values[1]
 
 
 class RandomResizedCrop:
@@ -108,8 +105,8 @@ class RandomResizedCrop:
     def __init__(
         self,
         size: Any,
-        scale: tuple = (0.08, 1.0),
-        ratio: tuple = (3 / 4, 4 / 3),
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
         flip: float = 0.5,
         layout: str = "HWC",
         mean: Optional[Sequence[float]] = None,

@@ -121,7 +121,8 @@ def library() -> Optional[ctypes.CDLL]:
         with _lock:
             if _LIBRARY is False:
                 _LIBRARY = next((lib for lib in map(_load, _candidates()) if lib is not None), None)
-    return _LIBRARY
+    library: Optional[ctypes.CDLL] = _LIBRARY
+    return library
 
 
 class _Handle:
