@@ -2,14 +2,15 @@
 
 The pool executor drives its workers only through the ``Workers`` protocol
 (``_engine/workers.py``): start, send, wait, decode, exit_error, slots, stop.
-Each implementation (processes under fork and spawn, threads) runs the same
-tests here, driven directly, without a DataLoader: a new kind of worker is
-done when it passes them.
+Each implementation (processes under fork and spawn, threads, the inline
+worker of ``num_workers=0``) runs the same tests here, driven directly,
+without a DataLoader: a new kind of worker is done when it passes them.
 
-    start ──▶ one Ready per worker
+    start ──▶ one Ready per worker (the inline worker is ready from the start)
     send(tasks) ──▶ one answer per task, in order: Batch (decoded to the
                     collated samples) or TaskFailed (the user's exception)
     user code ends a worker ──▶ Fatal, then EXITED after its messages
+                                (inline: the SystemExit itself, as torch raises it)
     wait(timeout) with nothing sent ──▶ []
     stop ──▶ nothing left running; safe twice
 """
@@ -27,9 +28,10 @@ import conveyor
 import procutil
 from conveyor._engine.fetch import FetchSpec, collate_route
 from conveyor._engine.messages import Batch, Fatal, Ready, Task, TaskFailed
+from conveyor._engine.inline import InlineWorkers
 from conveyor._engine.pool import WorkerPool
 from conveyor._engine.threads import ThreadWorkers
-from conveyor._engine.worker import WorkerConfig
+from conveyor._engine.serving import Place, WorkerConfig
 from conveyor._engine.workers import EXITED, Sent
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,14 +54,16 @@ class Samples(conveyor.Dataset):
         return np.full(3, i, dtype=np.int64)
 
 
+#: name: (make it, how many workers, where they run)
 IMPLEMENTATIONS = {
-    "processes (fork)": lambda: WorkerPool("fork"),
-    "processes (spawn)": lambda: WorkerPool("spawn"),
-    "threads": ThreadWorkers,
+    "processes (fork)": (lambda: WorkerPool("fork"), 2, Place.PROCESS),
+    "processes (spawn)": (lambda: WorkerPool("spawn"), 2, Place.PROCESS),
+    "threads": (ThreadWorkers, 2, Place.THREAD),
+    "inline": (InlineWorkers, 1, Place.INLINE),
 }
 
 
-def config_maker(num_workers: int, in_thread: bool):
+def config_maker(num_workers: int, place: Place):
     collate_into, to_torch = collate_route(conveyor.default_collate)
     spec = FetchSpec(
         dataset=Samples(), iterable=False, auto_collation=True, batch_size=2, drop_last=False,
@@ -69,7 +73,7 @@ def config_maker(num_workers: int, in_thread: bool):
     def make(worker_id, fds, close_fds):
         return WorkerConfig(
             worker_id=worker_id, num_workers=num_workers, seed=1234 + worker_id, fetch=spec, worker_init_fn=None,
-            parent_pid=None if in_thread else os.getpid(), close_fds=close_fds, fds=fds, in_thread=in_thread,
+            parent_pid=os.getpid() if place is Place.PROCESS else None, close_fds=close_fds, fds=fds, place=place,
         )  # fmt: skip
 
     return make
@@ -77,15 +81,19 @@ def config_maker(num_workers: int, in_thread: bool):
 
 @pytest.fixture(params=list(IMPLEMENTATIONS))
 def workers(request):
-    """A started ``Workers`` of 2 workers, each Ready; stopped afterwards."""
+    """A started ``Workers`` (2 workers; 1 inline), each Ready; stopped afterwards."""
     before = procutil.pids()
-    pool = IMPLEMENTATIONS[request.param]()
-    pool.start(config_maker(2, request.param == "threads"), 2, 6)
-    ready = set()
-    for worker, message in collect(pool, lambda got: len(got) >= 2):
+    make, count, place = IMPLEMENTATIONS[request.param]
+    pool = make()
+    pool.start(config_maker(count, place), count, 6)
+    assert len(pool.workers) == count
+    ready = {worker.id for worker in pool.workers if worker.ready}
+    unready = count - len(ready)
+    for worker, message in collect(pool, lambda got: len(got) >= unready):
         assert isinstance(message, Ready), message
         ready.add(message.worker_id)
-    assert ready == {0, 1}
+    assert ready == set(range(count))
+    pool.place = place  # (for the tests' expectations)
     yield pool
     pool.stop()
     pool.stop()  # (safe twice)
@@ -125,16 +133,17 @@ def answer(pool, worker, message):
 
 
 def test_every_task_is_answered_in_order_with_its_batch(workers):
-    first, second = workers.workers
+    first, last = workers.workers[0], workers.workers[-1]
     send(workers, first, [[0, 1], [2, 3], [4, 5]])
-    send(workers, second, [[6, 7], [8, 9]], first=3)
+    send(workers, last, [[6, 7], [8, 9]], first=3)
     arrived = collect(workers, lambda got: len(got) >= 5)
-    by_worker = {0: [], 1: []}
+    by_worker = {first.id: [], last.id: []}
     for worker, message in arrived:
         assert isinstance(message, Batch), message
         by_worker[worker.id].append((message.batch_index, answer(workers, worker, message)))
-    assert [index for index, _ in by_worker[0]] == [0, 1, 2] and [index for index, _ in by_worker[1]] == [3, 4]
-    for index, data in by_worker[0] + by_worker[1]:
+    assert [index for index, _ in by_worker[first.id]] == [0, 1, 2] + ([3, 4] if first is last else [])
+    assert [index for index, _ in by_worker[last.id]][-2:] == [3, 4]
+    for index, data in by_worker[first.id] + by_worker[last.id]:
         assert data.tolist() == [[2 * index] * 3, [2 * index + 1] * 3]
     gc.collect()
     assert workers.slots_in_use() == 0
@@ -152,8 +161,15 @@ def test_a_failing_sample_fails_its_task_and_the_worker_goes_on(workers):
 
 
 def test_user_code_that_ends_its_worker_is_fatal_then_exited(workers):
-    worker = workers.workers[1]
+    worker = workers.workers[-1]
     send(workers, worker, [[64, 65], [66, 67]])
+    if workers.place is Place.INLINE:  # (the loop's own thread: raised as it is, after the batch before)
+        (_, first), = workers.wait(0)
+        assert isinstance(first, Batch) and first.batch_index == 0
+        with pytest.raises(SystemExit) as ended:
+            workers.wait(0)
+        assert ended.value.code == 5
+        return
     arrived = collect(workers, lambda got: any(message is EXITED for _, message in got))
     messages = [message for who, message in arrived if who is worker]
     assert isinstance(messages[0], Batch) and messages[0].batch_index == 0  # (what it sent before comes first)
@@ -165,6 +181,17 @@ def test_user_code_that_ends_its_worker_is_fatal_then_exited(workers):
 def test_waiting_with_nothing_sent_returns_nothing(workers):
     assert workers.wait(0.05) == []
     assert workers.watched
+
+
+def test_a_failure_carries_the_users_exception_inline_and_its_text_elsewhere(workers):
+    worker = workers.workers[0]
+    send(workers, worker, [[13]])
+    ((_, failed),) = collect(workers, lambda got: len(got) >= 1)
+    answer(workers, worker, failed)
+    if workers.place is Place.INLINE:
+        assert isinstance(failed.exception, KeyError) and failed.exception.args == ("no sample 13 here",)
+    else:
+        assert failed.exception is None and failed.failure.exc_type_name == "KeyError"
 
 
 def test_slots_lent_are_counted_until_given_back(workers):

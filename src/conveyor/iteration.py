@@ -1,6 +1,6 @@
 """One pass over the data: the plan, the executor, delivery to the loop.
 
-    iter(loader) ──▶ LoaderIterator(start, index sampler's batches, settings)
+    iter(loader) ──▶ LoaderIterator(start, index sampler's batches, the loader's plan)
         plan:      replay (a resumed sampler that cannot jump) ──▶ _FirstDrawAhead
                    ──▶ _plan: PlannedBatch(index, indices, seed) for each batch
         executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(index, data | error, copies, timings, skipped)
@@ -25,7 +25,6 @@ import sys
 import threading
 import warnings
 import weakref
-from dataclasses import dataclass
 from functools import partial
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
@@ -33,8 +32,9 @@ from typing import Any, Callable, Iterator, Optional
 from . import rng
 from ._engine.executor import Delivered, Executor, PlannedBatch
 from ._engine.pin import PinThread, pin_tree
+from .plan import Plan
 from .sampler import replay
-from .skips import BadSampleBudgetExceeded, SkipBudget, SkipLedger
+from .skips import BadSampleBudgetExceeded, SkipLedger
 from .state import EpochProgress, Start
 from .stats import StatsRecorder
 
@@ -43,38 +43,14 @@ from .stats import StatsRecorder
 _pass_ids = itertools.count(1)
 
 
-@dataclass(frozen=True)
-class PassSettings:
-    """What one pass needs to know of its loader, given by the loader."""
-
-    index_sampler: Any
-    #: How errors name the index sampler: "the sampler RandomSampler", ...
-    sampler_text: str
-    iterable: bool
-    num_workers: int
-    #: Batches the pin thread runs ahead (prefetch_factor), when pinning.
-    pin_ahead: int
-    pin: bool
-    #: An iterable dataset's length as len(loader) reported it (torch's check).
-    expected_length: Optional[int]
-    dataset: Any
-    #: Where each batch's timings go (None: stats are off).
-    stats: Optional[StatsRecorder] = None
-    #: When iter(loader) was called (perf_counter).
-    started_at: float = 0.0
-    #: skip_bad_samples (None: off), and the epoch's samples its fraction is of.
-    skip_budget: Optional[SkipBudget] = None
-    epoch_samples: Optional[int] = None
-
-
 class LoaderIterator:
     """One pass over the data. Owns its executor unless workers persist."""
 
     def __init__(
-        self, loader: Any, executor: Executor, owned: bool, start: Start, indices: Iterator, settings: PassSettings
+        self, loader: Any, executor: Executor, owned: bool, start: Start, indices: Iterator, plan: Plan, started_at: float
     ):
         self._loader = loader  # (for len(iterator) only)
-        self._settings = settings
+        self._plan = plan
         progress, resume = start.progress, start.resume
         self.epoch = start.epoch
         self.base_seed = start.base_seed
@@ -82,28 +58,34 @@ class LoaderIterator:
         self._num_yielded = resume.count if resume is not None else 0
         first, skip = (resume.position, resume.delivered_ahead) if resume is not None else (0, frozenset())
         if resume is not None and resume.sampler_skip:
-            indices = replay(indices, resume.sampler_skip, resume.first_batch, settings.sampler_text)
-        drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, settings.index_sampler, first=first == 0))
+            indices = replay(indices, resume.sampler_skip, resume.first_batch, plan.sampling.sampler_text)
+        drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, plan.sampling.index_sampler, first=first == 0))
         progress.draw_first = drawn.draw_first
-        plan = _plan(drawn, start.base_seed, first, skip, settings.iterable)
-        starting = executor.begin_epoch(next(_pass_ids), plan, first, skip, start.copies)
+        batches = _plan(drawn, start.base_seed, first, skip, plan.iterable)
+        try:
+            starting = executor.begin_epoch(next(_pass_ids), batches, first, skip, start.copies)
+        except BaseException:  # (an iterable's __iter__ or load_state_dict raised, num_workers=0)
+            if owned:
+                executor.shutdown()
+            raise
         if starting is not None:  # (a state saved before the first batch resumes the copies from here)
             progress.copies = starting
         # With workers, batches are pinned in a thread (as torch); in-process, inline.
-        pinning = settings.pin and settings.num_workers > 0
-        self._pin_thread = PinThread(executor.next_batch, settings.pin_ahead, _pin_delivered) if pinning else None
-        self._pin_inline = settings.pin and not settings.num_workers
+        delivering, num_workers = plan.delivering, plan.running.num_workers
+        pinning = delivering.pin and num_workers > 0
+        self._pin_thread = PinThread(executor.next_batch, delivering.pin_ahead, _pin_delivered) if pinning else None
+        self._pin_inline = delivering.pin and not num_workers
         self._next_batch = self._pin_thread.next_batch if self._pin_thread else executor.next_batch
         # Profilers see the range torch.utils.data opens around each next().
         self._profile_name = "enumerate(DataLoader)#{}.__next__".format(
-            "_MultiProcessingDataLoaderIter" if settings.num_workers > 0 else "_SingleProcessDataLoaderIter"
+            "_MultiProcessingDataLoaderIter" if num_workers > 0 else "_SingleProcessDataLoaderIter"
         )
-        self._stats = settings.stats
+        self._stats = delivering.stats
         self._pass_id = 0
-        budget = settings.skip_budget
-        self._skips = SkipLedger(budget, settings.epoch_samples, progress.skipped) if budget is not None else None
+        budget = delivering.skip_budget
+        self._skips = SkipLedger(budget, delivering.epoch_samples, progress.skipped) if budget is not None else None
         if self._stats is not None:
-            self._pass_id = self._stats.begin_pass(settings.started_at, _length(settings), settings.num_workers)
+            self._pass_id = self._stats.begin_pass(started_at, _length(plan), num_workers)
         self._finalizer = weakref.finalize(
             self, _close_iteration, self._pin_thread, executor if owned else None, progress, self._stats, self._pass_id
         )
@@ -163,14 +145,14 @@ class LoaderIterator:
             raise
 
     def _check_length(self) -> None:
-        settings = self._settings
-        expected = settings.expected_length
-        if settings.iterable and expected is not None and self._num_yielded > expected:
+        plan = self._plan
+        expected = plan.delivering.expected_length
+        if plan.iterable and expected is not None and self._num_yielded > expected:
             message = (
-                f"Length of IterableDataset {settings.dataset} was reported to be {expected}(when "
+                f"Length of IterableDataset {plan.loading.dataset} was reported to be {expected}(when "
                 f"accessing len(dataloader)), but {self._num_yielded} samples have been fetched. "
             )
-            if settings.num_workers > 0:
+            if plan.running.num_workers > 0:
                 message += (
                     "For multiprocessing data-loading, this could be caused by not properly configuring "
                     "the IterableDataset replica at each worker. (conveyor: shard it with "
@@ -266,12 +248,12 @@ def _profiling(torch: Any) -> bool:
         return False
 
 
-def _length(settings: PassSettings) -> Optional[int]:
+def _length(plan: Plan) -> Optional[int]:
     """The pass's number of batches when known (for a progress bar's ETA)."""
-    if settings.iterable:
-        return settings.expected_length
+    if plan.iterable:
+        return plan.delivering.expected_length
     try:
-        return len(settings.index_sampler)
+        return len(plan.sampling.index_sampler)
     except Exception:  # no length, or a sampler whose __len__ fails: a bar without ETA
         return None
 

@@ -3,8 +3,8 @@ the samplers, and one iteration per ``iter()`` (iteration.py).
 
     DataLoader(dataset, batch_size, shuffle, sampler, ...)     validates, builds samplers
       └─ __iter__ ─▶ ResumeTracker.begin (state.py): the epoch, its base seed, what it resumes
-                 ─▶ an executor: InProcessExecutor (num_workers=0) | PoolExecutor (worker
-                    processes or threads; persistent ones kept by the loader)
+                 ─▶ the executor (PoolExecutor) over inline workers (num_workers=0), worker
+                    threads or processes (persistent ones kept by the loader)
                  ─▶ LoaderIterator: plan ─▶ executor ─▶ Delivered ─▶ the loop
 
 Seeds (one root per epoch): ``base_seed`` is ``derive_seed(seed, epoch)`` when
@@ -19,6 +19,7 @@ sample with its own generators (``conveyor.sample_rng()``) from that seed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 import warnings
@@ -31,10 +32,10 @@ from . import collate as _collate
 from . import sampler as _sampler
 from . import state as _state
 from . import stats as _stats
-from .iteration import LoaderIterator, PassSettings
+from .iteration import LoaderIterator
+from .plan import Delivering, Plan, Sampling
 from ._engine.cpu import usable_cores
-from ._engine.executor import InProcessExecutor
-from ._engine.pool_executor import PoolConfig, PoolExecutor
+from ._engine.pool_executor import PoolExecutor, Running
 from ._engine.fetch import FetchSpec, collate_route
 from ._engine.launch import START_METHODS, resolve_start_method
 
@@ -348,23 +349,14 @@ class DataLoader(Generic[T_co]):
 
     def _state_view(self) -> _state.LoaderView:
         """What the resumable state needs to know of this loader."""
-        return _state.LoaderView(
-            dataset=self.dataset,
-            index_sampler=self._index_sampler,
-            iterable=self._iterable,
-            auto_collation=self._auto_collation,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            num_workers=self.num_workers,
-            persistent_workers=self.persistent_workers,
-            seed=self.seed,
-            generator=self.generator,
-            flavor=self._flavor,
-        )
+        return _state.LoaderView.of(self._plan())
 
-    def _fetch_spec(self) -> FetchSpec:
+    def _plan(self) -> Plan:
+        """This loader's arguments as the parts each layer takes (plan.py):
+        made again for each pass, state or executor, so that arguments set
+        between passes (num_workers, prefetch_factor, ...) count."""
         collate_into, to_torch = collate_route(self.collate_fn)
-        return FetchSpec(
+        loading = FetchSpec(
             dataset=self.dataset,
             iterable=self._iterable,
             auto_collation=self._auto_collation,
@@ -376,6 +368,38 @@ class DataLoader(Generic[T_co]):
             reads_in_flight=self.reads_in_flight,
             skip_errors=self.skip_bad_samples.errors if self.skip_bad_samples is not None else (),
         )
+        inline = self.num_workers == 0  # (one worker, in this thread, loading nothing ahead: inline.py)
+        running = Running(
+            workers=1 if inline else self.num_workers,
+            num_workers=self.num_workers,
+            method="inline" if inline else self._start_method(),
+            prefetch_factor=1 if inline else self.prefetch_factor,
+            deepen_small=not (inline or self._prefetch_given),
+            in_order=self.in_order,
+            timeout_s=0 if inline else self.timeout,
+            worker_init_fn=None if inline else self.worker_init_fn,
+            stall_warning_s=0.0 if inline else float(self.stall_warning),
+            timed=self._stats is not None,
+            persistent=self.persistent_workers,
+        )
+        index_sampler = self._index_sampler
+        which = "batch_sampler" if self.batch_sampler is not None else "sampler"
+        sampling = Sampling(
+            index_sampler=index_sampler,
+            sampler_text=f"the {which} {type(index_sampler).__name__}",
+            seed=self.seed,
+            generator=self.generator,
+            flavor=self._flavor,
+        )
+        delivering = Delivering(
+            pin=bool(self.pin_memory),
+            pin_ahead=self.prefetch_factor or 1,
+            expected_length=self._IterableDataset_len_called,
+            stats=self._stats,
+            skip_budget=self.skip_bad_samples,
+            epoch_samples=self._epoch_samples() if self.skip_bad_samples is not None else None,
+        )
+        return Plan(loading, running, sampling, delivering)
 
     def _start_method(self) -> str:
         if self.worker_method == "thread":
@@ -385,62 +409,27 @@ class DataLoader(Generic[T_co]):
             raise ValueError(f"unsupported start method {method!r}; use one of {START_METHODS}")
         return method
 
-    def _new_pool_executor(self, base_seed: int) -> PoolExecutor:
-        executor = PoolExecutor(
-            PoolConfig(
-                spec=self._fetch_spec(),
-                num_workers=self.num_workers,
-                start_method=self._start_method(),
-                prefetch_factor=self.prefetch_factor,
-                in_order=self.in_order,
-                timeout_s=self.timeout,
-                worker_init_fn=self.worker_init_fn,
-                base_seed=base_seed,
-                stall_warning_s=float(self.stall_warning),
-                deepen_small=not self._prefetch_given,
-                timed=self._stats is not None,
-            )
-        )
-        executor.start()
-        return executor
-
-    def _executor_for(self, base_seed: int) -> tuple[Any, bool]:
-        """The executor for a new iteration, and whether the iterator owns it."""
-        if self.num_workers == 0:
-            return InProcessExecutor(self._fetch_spec(), timed=self._stats is not None), True
-        if not self.persistent_workers:
-            return self._new_pool_executor(base_seed), True
+    def _executor_for(self, plan: Plan, base_seed: int) -> tuple[Any, bool]:
+        """The executor for a new pass, and whether the pass owns it
+        (persistent workers are the loader's)."""
+        if not plan.keeps_base_seed:
+            return _started(PoolExecutor(plan.loading, plan.running, base_seed)), True
         if self._executor is None or self._executor.broken:
             if self._finalizer is not None:
                 self._finalizer()  # stops the broken pool and forgets it
-            self._executor = self._new_pool_executor(base_seed)
+            self._executor = _started(PoolExecutor(plan.loading, plan.running, base_seed))
             self._finalizer = weakref.finalize(self, self._executor.shutdown)
         return self._executor, False
 
     def __iter__(self) -> LoaderIterator:
         started_at = perf_counter()
-        start = self._tracker.begin(self._state_view())  # the base seed is drawn before the sampler draws, as torch
-        indices = iter(self._index_sampler)
-        executor, owned = self._executor_for(start.base_seed)
-        return LoaderIterator(self, executor, owned, start, indices, self._pass_settings(started_at))
-
-    def _pass_settings(self, started_at: float) -> PassSettings:
-        index_sampler = self._index_sampler
-        which = "batch_sampler" if self.batch_sampler is not None else "sampler"
-        return PassSettings(
-            index_sampler=index_sampler,
-            sampler_text=f"the {which} {type(index_sampler).__name__}",
-            iterable=self._iterable,
-            num_workers=self.num_workers,
-            pin_ahead=self.prefetch_factor or 1,
-            pin=self._warn_pin_memory(),
-            expected_length=self._IterableDataset_len_called,
-            dataset=self.dataset,
-            stats=self._stats,
-            started_at=started_at,
-            skip_budget=self.skip_bad_samples,
-            epoch_samples=self._epoch_samples() if self.skip_bad_samples is not None else None,
-        )
+        plan = self._plan()
+        if plan.delivering.pin:
+            plan = dataclasses.replace(plan, delivering=dataclasses.replace(plan.delivering, pin=self._warn_pin_memory()))
+        start = self._tracker.begin(_state.LoaderView.of(plan))  # the base seed is drawn before the sampler draws, as torch
+        indices = iter(plan.sampling.index_sampler)
+        executor, owned = self._executor_for(plan, start.base_seed)
+        return LoaderIterator(self, executor, owned, start, indices, plan, started_at)
 
     def _epoch_samples(self) -> Optional[int]:
         """Samples an epoch draws (what skip_bad_samples' fraction is of):
@@ -489,3 +478,7 @@ def _accelerator_available() -> bool:
         return bool(accelerator.is_available())
     return bool(torch.cuda.is_available())
 
+
+def _started(executor: PoolExecutor) -> PoolExecutor:
+    executor.start()
+    return executor

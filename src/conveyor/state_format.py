@@ -78,8 +78,8 @@ def owner_noun(owner: str) -> str:
 @dataclass(frozen=True)
 class LoaderView:
     """What the state needs to know of a loader: its settings and the parts
-    a state is loaded into. The loader makes one when it saves, loads or
-    starts an iteration; state code never reads the loader itself."""
+    a state is loaded into, taken from the loader's plan (:meth:`of`);
+    state code never reads the loader itself."""
 
     dataset: Any
     index_sampler: Any
@@ -92,6 +92,24 @@ class LoaderView:
     seed: Any
     generator: Any
     flavor: str
+
+    @classmethod
+    def of(cls, plan: Any) -> "LoaderView":
+        """The state's view of a plan (conveyor.plan.Plan)."""
+        loading, running, sampling = plan.loading, plan.running, plan.sampling
+        return cls(
+            dataset=loading.dataset,
+            index_sampler=sampling.index_sampler,
+            iterable=loading.iterable,
+            auto_collation=loading.auto_collation,
+            batch_size=loading.batch_size,
+            drop_last=loading.drop_last,
+            num_workers=running.num_workers,
+            persistent_workers=running.persistent,
+            seed=sampling.seed,
+            generator=sampling.generator,
+            flavor=sampling.flavor,
+        )
 
     @property
     def keeps_base_seed(self) -> bool:

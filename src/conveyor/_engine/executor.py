@@ -1,15 +1,14 @@
-"""Executors: who runs fetch + collate for each planned batch.
+"""What the loader's iterator and the executor exchange: the planned batch,
+the delivered one and its timings, and the executor's protocol.
 
-    loader iterator ──begin_epoch(plan)──▶ Executor ──next_batch()──▶ Delivered(index, data | error, copies, timings)
-                                             │
-      InProcessExecutor (here): loads each batch in the calling thread (num_workers=0)
-      PoolExecutor (pool_executor.py):
-                         dispatch ──Tasks──▶ workers: processes (pool.py) | threads (threads.py)
-                         ──results──▶ collect ──▶ decode ──▶ ReorderBuffer ──▶ Delivered
+    loader iterator ──begin_epoch(plan of PlannedBatch)──▶ Executor ──next_batch()──▶ Delivered(index, data | error, copies, timings)
 
-Both take the same tasks (batch index, sample indices, seed) and give the
-same batches, whatever the number of workers. A failure of one batch is
-that batch's ``Delivered.error`` and iteration goes on, as in torch.
+The one executor (pool_executor.py) runs every batch through one
+``Workers`` implementation: inline (``num_workers=0``, inline.py), worker
+threads (threads.py) or worker processes (pool.py). The same tasks (batch
+index, sample indices, seed) give the same batches whatever the workers. A
+failure of one batch is that batch's ``Delivered.error`` and iteration
+goes on, as in torch.
 """
 
 from __future__ import annotations
@@ -19,10 +18,6 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple, Optional, Protocol
 
-import threading
-
-from .cpu import ThreadClock
-from .fetch import EmptyBatch, EndOfData, FetchSpec, StageClock, fetch_in_main, make_fetcher
 from .messages import LoadTimes, pack_load_times, unpack_load_times
 
 
@@ -143,88 +138,6 @@ class Executor(Protocol):
         """Stop; safe to call twice."""
 
 
-class InProcessExecutor:
-    """Loads each batch in the caller's thread (``num_workers=0``)."""
-
-    def __init__(self, spec: FetchSpec, timed: bool = True):
-        self._fetcher = make_fetcher(spec)
-        self._tasks: Iterator[PlannedBatch] = iter(())
-        self._timed = timed
-        self._cpu: Optional[ThreadClock] = None
-
-    def begin_epoch(
-        self,
-        epoch_id: int,
-        tasks: Iterator[PlannedBatch],
-        first_index: int = 0,
-        skip: frozenset = frozenset(),
-        workers_resume: Optional[dict] = None,
-    ) -> Optional[dict]:
-        """Start a pass. Batches come in plan order here, so ``first_index``
-        and ``skip`` (see :meth:`PoolExecutor.begin_epoch`) change nothing.
-        An iterable dataset's ``__iter__`` runs now, as in torch; its one
-        copy continues from ``workers_resume`` (a one-worker progress) when
-        given. Returns where that copy stands now: the copy is the user's
-        dataset object itself, which the pass then moves on, so a state
-        saved before the first batch needs its start."""
-        self._tasks = tasks
-        if not self._fetcher.spec.iterable:
-            return None
-        states = workers_resume["states"] if workers_resume is not None else [None]
-        self._fetcher.restart(states[0])
-        return self._copies()
-
-    def next_batch(self) -> Delivered:
-        """The next batch; StopIteration at the end of the epoch (its
-        ``value``: where an iterable dataset's copy stands, as with workers)."""
-        try:
-            task = next(self._tasks)
-        except StopIteration:
-            raise StopIteration(self._copies()) from None
-        clock = self._start_clock() if self._timed else None
-        try:
-            data = fetch_in_main(self._fetcher, task.indices, task.seed, clock)
-        except EndOfData:
-            raise StopIteration(self._copies()) from None
-        except EmptyBatch:
-            return Delivered(task.batch_index, skipped=self._skipped(task), empty=True)
-        except Exception as error:
-            return Delivered(task.batch_index, error=error, copies=self._copies())
-        timings = None if clock is None else _timings(task, clock, *self._cpu.end())
-        return Delivered(task.batch_index, data, copies=self._copies(), timings=timings, skipped=self._skipped(task))
-
-    def _skipped(self, task: PlannedBatch) -> tuple:
-        return skipped_records(self._fetcher.skipped, task.batch_index, "the main process")
-
-    def _start_clock(self) -> StageClock:
-        """A clock for the batch, and the CPU figures from its start (read
-        around each load: between batches this thread runs the training loop)."""
-        if self._cpu is None or self._cpu.thread != threading.get_ident():
-            self.close_clock()
-            self._cpu = ThreadClock()
-        clock = StageClock()
-        self._cpu.begin(clock.started_at)
-        return clock
-
-    def close_clock(self) -> None:
-        if self._cpu is not None:
-            self._cpu.close()
-            self._cpu = None
-
-    def _copies(self) -> Optional[dict]:
-        """An iterable dataset: where its one copy stands, as a one-worker progress."""
-        if not self._fetcher.spec.iterable:
-            return None
-        return {"states": [self._fetcher.state()], "retired": [], "next": 0}
-
-    def shutdown(self) -> None:
-        self._tasks = iter(())
-        self.close_clock()
-        close = getattr(self._fetcher, "close", None)
-        if close is not None:
-            close()  # (the reading threads of reads_in_flight)
-
-
 def skipped_records(raw: Any, batch_index: int, worker: str) -> tuple:
     """The SkippedSample records of a batch's skips, as the fetcher noted them."""
     if not raw:
@@ -232,11 +145,3 @@ def skipped_records(raw: Any, batch_index: int, worker: str) -> tuple:
     from ..skips import SkippedSample
 
     return tuple(SkippedSample(index, batch_index, worker, error, tb) for index, error, tb in raw)
-
-
-def _timings(task: PlannedBatch, clock: StageClock, cpu_s: float, cpu_wait_s: float) -> Timings:
-    started_at, fetched_at, collated_at = clock.started_at, clock.fetched_at, clock.collated_at
-    loading = pack_load_times(
-        clock.samples, started_at, fetched_at - started_at, collated_at - fetched_at, 0.0, cpu_s, cpu_wait_s
-    )
-    return Timings(loading, pack_delivery_times(task.sampler_s, 0.0, 0.0, 0.0, collated_at, math.nan, -1, 0, 0))

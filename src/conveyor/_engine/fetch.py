@@ -366,17 +366,3 @@ def fetch_seeded(
         rng.seed_global_generators(seed)
     rng.thread_sample_random().reset(seed)
     return fetcher.fetch(indices, allocate, clock)
-
-
-def fetch_in_main(fetcher, indices: Any, seed: Optional[int], clock: Optional[StageClock] = None) -> Any:
-    """Like :func:`fetch_seeded`, but puts the caller's global generator
-    states back afterwards: in the main process they belong to the training
-    loop (dropout masks, its own shuffles), which must not see them move."""
-    if seed is None:
-        return fetcher.fetch(indices, None, clock)  # (an iterable fetcher still counts the batch)
-    saved = rng.global_generator_states()
-    try:
-        return fetch_seeded(fetcher, indices, seed, None, clock)
-    finally:
-        rng.restore_global_generators(saved)
-        rng.thread_sample_random().reset(None)  # (sample_rng() is the OS's again outside loading)

@@ -40,7 +40,8 @@ from typing import Any, Optional
 from . import portable
 from .wire import FrameReader, FrameWriter, pack
 from .pickling import SpawnFds, dumps, starting_a_child
-from .worker import WorkerConfig, fork_entry, pickled_entry
+from .serving import WorkerConfig
+from .worker import fork_entry, pickled_entry
 
 #: Pipes get this much buffer (Linux's default pipe-max-size for unprivileged
 #: processes), so that most tasks and inline results go in one write.

@@ -150,6 +150,10 @@ class TaskFailed:
     worker_id: int
     indices: Any
     failure: Failure
+    #: An inline worker's failure: the user's exception itself, raised as
+    #: it is (as torch raises it with num_workers=0); None from a process or
+    #: a thread, whose failure is told by ``failure``.
+    exception: Optional[BaseException] = None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from .pickling import check_picklable
 from .shm import INLINE_MAX_BYTES, SlotPool, StopFlag
 from .stacks import StackFile
 from .wire import pack
-from .worker import WorkerConfig, WorkerFds
+from .serving import WorkerConfig, WorkerFds
 from .workers import EXITED, Broken, Sent
 
 #: After Stop, how long workers get to finish and exit before they are killed.
@@ -65,6 +65,13 @@ class WorkerHandle:
     exited: bool = False
     #: When it began the task in hand (time.monotonic()).
     busy_since: float = 0.0
+    #: Ready only once it says so (it sets up in its own process).
+    ready: bool = False
+
+    @property
+    def timing_ids(self) -> tuple[int, int]:
+        """(worker id, pid) in a batch's timings."""
+        return self.id, self.process.pid
 
     def current(self, epoch_id: int) -> Optional[Sent]:
         """The task of this epoch it is working on, if any."""
@@ -240,6 +247,9 @@ class WorkerPool:
         # _SIZE_BLOCK results and of the block before: see small_batches.
         self._sizes = [0, 0, -_SIZE_FIRST]  # (this block's max, the last block's max, results this block)
 
+    #: A forked child of the user's process must not use this pool's workers.
+    process_bound = True
+
     def start(self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int) -> None:
         """Check that what travels pickles (spawn, forkserver), make the
         shared memory, start the workers and watch them; on a failure,
@@ -389,6 +399,10 @@ class WorkerPool:
         else:
             doing = f"It was loading {what}."
         return death_error(worker.process.pid, worker.process.exitcode, worker.id, doing, report)
+
+    def begin_epoch(self, epoch_id: int, restore: dict) -> Optional[dict]:
+        """Workers start each epoch at its first task (``Task.restore``): nothing to do now."""
+        return None
 
     # --------------------------------------------------------------- slots
     def lend_slot(self) -> Optional[int]:

@@ -58,9 +58,10 @@ from .pool import WorkerPool
 from .progress import IterableProgress
 from .reorder import ReorderBuffer
 from .shm import SPARE_SLOTS
+from .inline import InlineWorkers
 from .threads import ThreadWorkers
 from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers, late_text
-from .worker import WorkerConfig, WorkerFds
+from .serving import Place, WorkerConfig, WorkerFds
 from .workers import EXITED, Broken, Sent, WorkerView, Workers
 
 
@@ -78,6 +79,20 @@ SMALL_BATCH_WINDOW = 16
 FIRST_BATCH_FILL_THREADS = usable_cores()
 
 
+#: Where the workers of each start method run.
+PLACES = {"thread": Place.THREAD, "inline": Place.INLINE}
+
+
+def _workers_for(start_method: str) -> Workers:
+    """The Workers that reach workers started this way: "inline" (num_workers=0),
+    "thread", or a process start method."""
+    if start_method == "inline":
+        return InlineWorkers()
+    if start_method == "thread":
+        return ThreadWorkers()
+    return WorkerPool(start_method)
+
+
 class Lifecycle(enum.Enum):
     NEW = "new"
     RUNNING = "running"
@@ -86,29 +101,34 @@ class Lifecycle(enum.Enum):
 
 
 @dataclass(frozen=True)
-class PoolConfig:
-    """How to run the pool; built by the DataLoader from its arguments."""
+class Running:
+    """How the executor runs the workers (the plan's ``running`` part)."""
 
-    spec: FetchSpec
+    #: Workers to start: 1 inline worker for num_workers=0.
+    workers: int
+    #: The loader's num_workers as the user gave it.
     num_workers: int
-    #: "fork", "spawn" or "forkserver" for processes; "thread" for threads.
-    start_method: str
+    #: "inline" (num_workers=0), "thread", or "fork" / "spawn" / "forkserver".
+    method: str
+    #: Batches in flight per worker (1 inline: nothing is loaded ahead).
     prefetch_factor: int
-    in_order: bool
-    timeout_s: float  # as the user gave it (torch's message repeats it verbatim)
-    worker_init_fn: Optional[Callable[[int], None]]
-    base_seed: int
-    #: Warn when nothing has arrived for this long while waiting (0: never).
-    stall_warning_s: float = 300.0
-    #: Time each batch's stages (Delivered.timings).
-    timed: bool = True
     #: prefetch_factor was left to conveyor: keep SMALL_BATCH_WINDOW batches
     #: per worker in flight while batches are small.
-    deepen_small: bool = False
+    deepen_small: bool
+    in_order: bool
+    #: As the user gave it (torch's message repeats it verbatim); 0 inline.
+    timeout_s: float
+    worker_init_fn: Optional[Callable[[int], None]]
+    #: Warn when nothing has arrived for this long while waiting (0: never).
+    stall_warning_s: float
+    #: Time each batch's stages (Delivered.timings).
+    timed: bool
+    #: The loader keeps its workers between passes.
+    persistent: bool
 
     @property
     def threads(self) -> bool:
-        return self.start_method == "thread"
+        return self.method == "thread"
 
 
 class _Finished(NamedTuple):
@@ -139,22 +159,22 @@ class PoolExecutor:
     that process can neither use it nor stop its workers.
     """
 
-    def __init__(self, config: PoolConfig):
-        self.config = config
+    def __init__(self, loading: FetchSpec, running: Running, base_seed: int):
+        self.loading, self.running, self.base_seed = loading, running, base_seed
         self.state = Lifecycle.NEW
         self._owner_pid = os.getpid()
-        self._pool: Workers = ThreadWorkers() if config.threads else WorkerPool(config.start_method)
+        self._pool: Workers = _workers_for(running.method)
         self._error: Optional[BaseException] = None
         #: Workers that have not said Ready yet; nothing is delivered until none.
         self._starting: set[int] = set()
-        self._watchdog = StallWatchdog(config.stall_warning_s)
+        self._watchdog = StallWatchdog(running.stall_warning_s)
         # The pass in progress (begin_epoch).
         self._epoch_id = -1
         self._tasks: Iterator[PlannedBatch] = iter(())
         self._plan_done = True
         #: Batches sent to a worker and not answered yet.
         self._pending: dict[int, PlannedBatch] = {}
-        self._reorder = ReorderBuffer(config.in_order)
+        self._reorder = ReorderBuffer(running.in_order)
         self._progress: Optional[IterableProgress] = None
         self._restore: dict[int, Any] = {}
         self._cycle = itertools.count()
@@ -169,31 +189,31 @@ class PoolExecutor:
     # ----------------------------------------------------------------- start
     def start(self) -> None:
         """Start every worker (for processes, after checking that what travels pickles)."""
-        cfg = self.config
+        cfg = self.running
         self._started_at = perf_counter()
         try:
-            self._pool.start(self._worker_config, cfg.num_workers, cfg.prefetch_factor * cfg.num_workers + SPARE_SLOTS)
+            self._pool.start(self._worker_config, cfg.workers, cfg.prefetch_factor * cfg.workers + SPARE_SLOTS)
         except BaseException:
             self.shutdown()
             raise
-        self._starting = {worker.id for worker in self._workers}
+        self._starting = {worker.id for worker in self._workers if not worker.ready}
         self.state = Lifecycle.RUNNING
 
     def _worker_config(self, wid: int, fds: WorkerFds, close_fds: tuple) -> WorkerConfig:
-        cfg = self.config
+        cfg = self.running
         return WorkerConfig(
             worker_id=wid,
-            num_workers=cfg.num_workers,
-            seed=(cfg.base_seed + wid) & ((1 << 63) - 1),
-            fetch=cfg.spec,
+            num_workers=cfg.workers,
+            seed=(self.base_seed + wid) & ((1 << 63) - 1),
+            fetch=self.loading,
             worker_init_fn=cfg.worker_init_fn,
-            parent_pid=self._owner_pid if cfg.start_method not in ("forkserver", "thread") else None,
+            parent_pid=self._owner_pid if cfg.method not in ("forkserver", "thread") else None,
             close_fds=close_fds,
             fds=fds,
             timed=cfg.timed,
-            in_thread=cfg.threads,
+            place=PLACES.get(cfg.method, Place.PROCESS),
             # (Linux kills a worker when the thread that started it ends: only a thread that lives on)
-            die_with_parent=cfg.start_method == "forkserver" or threading.current_thread() is threading.main_thread(),
+            die_with_parent=cfg.method == "forkserver" or threading.current_thread() is threading.main_thread(),
         )
 
     @property
@@ -232,7 +252,7 @@ class PoolExecutor:
             worker.active = True
         self._progress = None
         self._restore = {}
-        if self.config.spec.iterable:
+        if self.loading.iterable:
             self._progress = IterableProgress(len(self._workers), workers_resume)
             if workers_resume is not None:
                 self._cycle = itertools.count(self._progress.next_turn)
@@ -240,15 +260,21 @@ class PoolExecutor:
                 for wid in self._progress.retired:
                     self._workers[wid].active = False
         on_retired = self._progress.passed if self._progress is not None else None
-        self._reorder = ReorderBuffer(self.config.in_order, first_index, skip, on_retired)
-        return workers_resume
+        self._reorder = ReorderBuffer(self.running.in_order, first_index, skip, on_retired)
+        started = self._pool.begin_epoch(epoch_id, self._restore)
+        if started is None or self._progress is None:
+            return workers_resume
+        self._restore = {}  # (loaded already, where the copies started)
+        for wid, state in started.items():
+            self._progress.started(wid, state)
+        return self._progress.snapshot()
 
     def next_batch(self) -> Delivered:
         """The next batch of this epoch; StopIteration at its end, whose
         ``value`` is the final ``copies`` (iterable datasets) or None."""
         self._check_owner()
         self._raise_if_unusable()
-        deadline = time.monotonic() + self.config.timeout_s if self.config.timeout_s > 0 else None
+        deadline = time.monotonic() + self.running.timeout_s if self.running.timeout_s > 0 else None
         self._watchdog.waiting()
         try:
             while True:
@@ -287,16 +313,16 @@ class PoolExecutor:
         worker, arrived_at = finished.worker, finished.arrived_at
         delivery = pack_delivery_times(
             finished.sampler_s, finished.decode_s, perf_counter() - arrived_at, 0.0, arrived_at,
-            math.nan if ready_s is None else ready_s, worker.id, worker.pid, self._pool.slots_in_use(),
+            math.nan if ready_s is None else ready_s, *worker.timing_ids, self._pool.slots_in_use(),
         )  # fmt: skip
         return Timings(finished.times, delivery)
 
     # ------------------------------------------------------------- dispatch
     def _dispatch(self) -> None:
         """Fill the window; the tasks of one round go to each worker together."""
-        cfg = self.config
+        cfg = self.running
         deepen = cfg.deepen_small and self._pool.small_batches
-        limit = cfg.num_workers * (max(cfg.prefetch_factor, SMALL_BATCH_WINDOW) if deepen else cfg.prefetch_factor)
+        limit = cfg.workers * (max(cfg.prefetch_factor, SMALL_BATCH_WINDOW) if deepen else cfg.prefetch_factor)
         batches: dict[int, list[Task]] = {}
         try:
             while not self._plan_done and len(self._pending) + len(self._reorder) < limit:
@@ -320,14 +346,14 @@ class PoolExecutor:
         if not active:
             return None
         turn = next(self._cycle)
-        if self.config.spec.iterable:
+        if self.loading.iterable:
             # Round robin over all workers, skipping retired ones, as torch:
             # which worker serves a batch decides its content. With
             # in_order=False, also skipping those with their share of the
             # window in hand (as torch), so a slow worker holds back no other;
             # None when every one has.
             count = len(self._workers)
-            share = None if self.config.in_order else self.config.prefetch_factor * count // len(active)
+            share = None if self.running.in_order else self.running.prefetch_factor * count // len(active)
             for step in range(count):
                 worker = self._workers[(turn + step) % count]
                 if worker.active and not worker.exited and (share is None or len(worker.outstanding) < share):
@@ -415,15 +441,22 @@ class PoolExecutor:
                 self._progress.exhausted(index, worker.id, message.worker_state)
             self._reorder.retire(index)
         elif isinstance(message, TaskFailed):
-            who = worker.describe() if self.config.threads else f"worker pid {message.failure.pid}"
-            self._reorder.put(index, _Finished(index, worker, error=batch_error(message.failure, who, index, planned.indices)))
+            self._reorder.put(index, _Finished(index, worker, error=self._task_error(worker, message, planned)))
+
+    def _task_error(self, worker: WorkerView, message: TaskFailed, planned: PlannedBatch) -> BaseException:
+        """A failed batch's error: an inline worker's is the user's exception
+        itself; a process's or thread's is rebuilt from what it told, naming it."""
+        if message.exception is not None:
+            return message.exception
+        who = worker.describe() if self.running.threads else f"worker pid {message.failure.pid}"
+        return batch_error(message.failure, who, message.batch_index, planned.indices)
 
     def _decode(self, worker: WorkerView, sent: Sent, planned: PlannedBatch, message: Batch) -> tuple[Any, Any]:
         """(the batch as the user gets it, tensors if asked; None) or, when
         the conversion to tensors fails, (None, that batch's error). What
         cannot be read (a slot that does not map) breaks the pool."""
         data = self._pool.decode(worker, sent, message)
-        if not self.config.spec.to_torch:
+        if not self.loading.to_torch:
             return data, None
         try:
             return to_torch(data), None
@@ -445,12 +478,12 @@ class PoolExecutor:
     def _on_timeout(self) -> None:
         # Terminal, unlike torch: something is stuck, and the workers are
         # stopped now rather than whenever the traceback lets the iterator go.
-        wanted = self._reorder.next_index if self.config.in_order else None
+        wanted = self._reorder.next_index if self.running.in_order else None
         planned = self._pending.get(wanted) if wanted is not None else None
         wanted_text = describe_indices(planned.indices) if planned is not None else ""
         self._fail(
             RuntimeError(
-                f"DataLoader timed out after {self.config.timeout_s} seconds. (conveyor: {late_text(self._busy(), wanted, wanted_text)}. "
+                f"DataLoader timed out after {self.running.timeout_s} seconds. (conveyor: {late_text(self._busy(), wanted, wanted_text)}. "
                 f"The workers were stopped; raise timeout=, or look for a slow or stuck sample.)"
             )
         )
@@ -464,7 +497,7 @@ class PoolExecutor:
         error = rebuild_exception(fatal.failure)
         if fatal.stage == "read":
             self._break(Broken(worker, None, "could not read the task of", error))
-        who = worker.describe() if self.config.threads else f"worker {worker.id}, pid {worker.pid}"
+        who = worker.describe() if self.running.threads else f"worker {worker.id}, pid {worker.pid}"
         context = f"(conveyor: while starting {who})"
         self._fail(rebuild_exception(fatal.failure, context))
 
@@ -512,7 +545,7 @@ class PoolExecutor:
     def __reduce__(self):
         """Refused, naming the workers: a loader that keeps its workers
         (persistent_workers=True) cannot be pickled or deep-copied with them."""
-        raise live_workers_error([worker.describe() for worker in self._workers], self.config.threads)
+        raise live_workers_error([worker.describe() for worker in self._workers], self.running.threads)
 
     def _fresh_error(self) -> BaseException:
         """A copy of the stored error to raise. The stored one is never raised
@@ -532,7 +565,7 @@ class PoolExecutor:
             raise RuntimeError("this DataLoader iterator has been shut down; start a new one with iter(loader)")
 
     def _check_owner(self) -> None:
-        if os.getpid() != self._owner_pid:
+        if os.getpid() != self._owner_pid and self._pool.process_bound:
             raise RuntimeError(
                 f"this DataLoader iterator belongs to process {self._owner_pid}, whose workers a forked "
                 f"child cannot use; start a new iterator (iter(loader)) in this process"
@@ -544,7 +577,7 @@ class PoolExecutor:
         in a forked child (which only lets go of its copies)."""
         if self.state is not Lifecycle.BROKEN:
             self.state = Lifecycle.CLOSED
-        if os.getpid() != self._owner_pid:
+        if os.getpid() != self._owner_pid and self._pool.process_bound:
             self._pool.let_go()
             return
         self._pool.stop()

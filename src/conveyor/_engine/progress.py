@@ -33,6 +33,10 @@ class IterableProgress:
         """Worker id -> the state its copy resumes from (those with one)."""
         return {wid: state for wid, state in enumerate(self.states) if state is not None}
 
+    def started(self, worker_id: int, state: Any) -> None:
+        """``worker_id``'s copy started its epoch now, standing at ``state``."""
+        self.states[worker_id] = state
+
     def delivered(self, worker_id: int, state: Any) -> None:
         """A batch of ``worker_id`` was delivered; its copy now stands at ``state``."""
         if state is not None:

@@ -43,7 +43,7 @@ from .info import WorkerInfo
 from .messages import Batch, Ready, Task
 from .pool import STOP_GRACE_S
 from .torch_hook import when_torch_loads
-from .worker import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
+from .serving import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
 from .workers import EXITED, Sent
 
 
@@ -61,10 +61,17 @@ class ThreadHandle:
     busy_since: float = 0.0
     #: Why the thread ended, when it was not asked to (a traceback).
     crash: str = ""
+    #: Ready only once it says so (it sets up in its own thread).
+    ready: bool = False
 
     @property
     def pid(self) -> int:
         return os.getpid()
+
+    @property
+    def timing_ids(self) -> tuple[int, int]:
+        """(worker id, pid) in a batch's timings."""
+        return self.id, os.getpid()
 
     def current(self, epoch_id: int) -> Optional[Sent]:
         for sent in self.outstanding:
@@ -83,6 +90,9 @@ class ThreadHandle:
 
 class ThreadWorkers:
     """The worker threads of one executor (a workers.Workers)."""
+
+    #: A forked child of the user's process finds no thread of this pool there.
+    process_bound = True
 
     def __init__(self) -> None:
         self.workers: list[ThreadHandle] = []
@@ -112,6 +122,10 @@ class ThreadWorkers:
         """Never judged small: a thread hands its batch over as it is, at no
         cost per batch worth a deeper queue."""
         return False
+
+    def begin_epoch(self, epoch_id: int, restore: dict) -> Optional[dict]:
+        """Threads start each epoch at its first task (``Task.restore``): nothing to do now."""
+        return None
 
     def send(self, worker: ThreadHandle, tasks: list[Task]) -> None:
         worker.inbox.put(tasks)
@@ -224,10 +238,9 @@ def _serve(config: WorkerConfig, handle: ThreadHandle, results: queue.SimpleQueu
         handle.crash = traceback.format_exc()
     finally:
         if serving is not None:
-            serving.close()
-        close = getattr(fetcher, "close", None)
-        if close is not None:
-            close()  # (the reading threads of reads_in_flight)
+            serving.close()  # (and the reading threads of reads_in_flight)
+        elif fetcher is not None and callable(getattr(fetcher, "close", None)):
+            fetcher.close()
         _info.set_thread_info(None)
         results.put((handle, EXITED))
 

@@ -63,9 +63,15 @@ class WorkerView(Protocol):
     exited: bool
     #: When it began the task in hand (time.monotonic()).
     busy_since: float
+    #: Whether it is ready before it says so (an inline worker is).
+    ready: bool
 
     @property
     def pid(self) -> int: ...
+
+    @property
+    def timing_ids(self) -> tuple[int, int]:
+        """(worker id, pid) in a batch's timings; (-1, 0) for the main process."""
 
     def current(self, epoch_id: int) -> Optional[Sent]:
         """The task of this epoch it is working on, if any."""
@@ -81,11 +87,20 @@ class Workers(Protocol):
     """A set of workers the executor drives."""
 
     workers: list
+    #: Whether the workers belong to the process that started them (a
+    #: forked child of it must neither use nor stop them).
+    process_bound: bool
 
     def start(self, make_config: Callable[..., Any], num_workers: int, num_slots: int) -> None:
         """Start ``num_workers`` workers (``make_config(worker_id, fds,
         close_fds)`` gives each its WorkerConfig) and ``num_slots`` slots
         for their batches; on a failure, stop what started and raise."""
+
+    def begin_epoch(self, epoch_id: int, restore: dict) -> Optional[dict]:
+        """Epoch ``epoch_id`` begins, its iterable copies continuing from
+        ``restore`` (worker id -> state). Workers that start their copies
+        now (inline) return where each then stands; others None (they start
+        at the epoch's first task, which carries its restore)."""
 
     @property
     def watched(self) -> bool:
