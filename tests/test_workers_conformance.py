@@ -29,6 +29,7 @@ import procutil
 from conveyor._engine.fetch import FetchSpec, collate_route
 from conveyor._engine.messages import Batch, Fatal, Ready, Task, TaskFailed
 from conveyor._engine.inline import InlineWorkers
+from conveyor._engine.kinds import MAP
 from conveyor._engine.pool import WorkerPool
 from conveyor._engine.threads import ThreadWorkers
 from conveyor._engine.serving import Place, WorkerConfig
@@ -66,7 +67,7 @@ IMPLEMENTATIONS = {
 def config_maker(num_workers: int, place: Place):
     collate_into, to_torch = collate_route(conveyor.default_collate)
     spec = FetchSpec(
-        dataset=Samples(), iterable=False, auto_collation=True, batch_size=2, drop_last=False,
+        dataset=Samples(), kind=MAP, auto_collation=True, batch_size=2, drop_last=False,
         collate_fn=conveyor.default_collate, collate_into=collate_into, to_torch=to_torch,
     )  # fmt: skip
 

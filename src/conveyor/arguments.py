@@ -180,10 +180,17 @@ def check_stall_warning(stall_warning: Any) -> None:
         raise ValueError("stall_warning option should be non-negative (conveyor: 0 turns the warning off)")
 
 
-def check_reads_in_flight(reads_in_flight: Any) -> None:
+def check_reads_in_flight(reads_in_flight: Any, dataset: Any = None) -> None:
     if not is_int(reads_in_flight) or reads_in_flight < 1:
         raise ValueError(
             f"reads_in_flight must be a positive int (samples of a batch read at once), got {reads_in_flight!r}"
+        )
+    if reads_in_flight > 1 and callable(getattr(dataset, "__getitems__", None)):
+        warnings.warn(
+            f"reads_in_flight={reads_in_flight} is not used: {type(dataset).__name__} defines __getitems__, which "
+            f"reads a whole batch in one call (as torch calls it); read concurrently inside __getitems__, or "
+            f"drop it to have conveyor read {reads_in_flight} samples at a time",
+            stacklevel=3,
         )
 
 

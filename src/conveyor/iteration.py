@@ -29,7 +29,6 @@ from functools import partial
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
-from . import rng
 from ._engine.executor import Delivered, Executor, PlannedBatch
 from ._engine.pin import PinThread, pin_tree
 from .plan import Plan
@@ -61,7 +60,7 @@ class LoaderIterator:
             indices = replay(indices, resume.sampler_skip, resume.first_batch, plan.sampling.sampler_text)
         drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, plan.sampling.index_sampler, first=first == 0))
         progress.draw_first = drawn.draw_first
-        batches = _plan(drawn, start.base_seed, first, skip, plan.iterable)
+        batches = _plan(drawn, start.base_seed, first, skip, plan.loading.kind)
         try:
             starting = executor.begin_epoch(next(_pass_ids), batches, first, skip, start.copies)
         except BaseException:  # (an iterable's __iter__ or load_state_dict raised, num_workers=0)
@@ -170,7 +169,7 @@ class LoaderIterator:
         raise TypeError(f"{type(self).__name__} cannot be pickled; save loader.state_dict() instead")
 
 
-def _plan(indices: Iterator, base_seed: int, first_index: int, skip: frozenset, iterable: bool) -> Iterator[PlannedBatch]:
+def _plan(indices: Iterator, base_seed: int, first_index: int, skip: frozenset, kind: Any) -> Iterator[PlannedBatch]:
     """The epoch's batches from ``first_index`` on, each with its seed and
     the time the sampler took to draw it, leaving out ``skip``. (A resumed
     sampler that cannot jump has already drawn and dropped the batches
@@ -185,8 +184,7 @@ def _plan(indices: Iterator, base_seed: int, first_index: int, skip: frozenset, 
         if batch_index not in skip:
             # Map-style: the batch's own seed. Iterable: the base seed; the
             # fetcher derives each batch's from (worker, its batch count).
-            seed = base_seed if iterable else rng.derive_seed(base_seed, batch_index)
-            yield PlannedBatch(batch_index, batch, seed, perf_counter() - asked_at)
+            yield PlannedBatch(batch_index, batch, kind.batch_seed(base_seed, batch_index), perf_counter() - asked_at)
         batch_index += 1
 
 

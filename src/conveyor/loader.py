@@ -37,6 +37,7 @@ from .plan import Delivering, Plan, Sampling
 from ._engine.cpu import usable_cores
 from ._engine.pool_executor import PoolExecutor, Running
 from ._engine.fetch import FetchSpec, collate_route
+from ._engine.kinds import kind_of
 from ._engine.launch import START_METHODS, resolve_start_method
 
 __all__ = ["DataLoader"]
@@ -145,7 +146,7 @@ class DataLoader(Generic[T_co]):
         _args.check_workers(num_workers, timeout, prefetch_factor, persistent_workers, worker_method)
         _args.check_stall_warning(stall_warning)
         _args.check_stats(collect_stats, progress)
-        _args.check_reads_in_flight(reads_in_flight)
+        _args.check_reads_in_flight(reads_in_flight, dataset)
         # Left to conveyor (not given): small batches may then keep more in flight (pool_executor.py).
         self._prefetch_given = prefetch_factor is not None
         if num_workers > 0 and prefetch_factor is None:
@@ -358,7 +359,7 @@ class DataLoader(Generic[T_co]):
         collate_into, to_torch = collate_route(self.collate_fn)
         loading = FetchSpec(
             dataset=self.dataset,
-            iterable=self._iterable,
+            kind=kind_of(self._iterable),
             auto_collation=self._auto_collation,
             batch_size=self.batch_size,
             drop_last=self.drop_last,

@@ -7,16 +7,13 @@ which is what makes a batch the same whatever the number of workers.
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import ThreadPoolExecutor, wait
-from traceback import format_exception
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
 from .. import collate as _collate
 from .. import rng
-from ..dataset import fetch_many
-from . import info as _info
+from .reads import EmptyBatch, Skips, choose_reads  # noqa: F401  (EmptyBatch: the fetchers' signal)
 from ..state import _is_stateful
 
 Allocate = _collate.Allocator
@@ -24,11 +21,6 @@ Allocate = _collate.Allocator
 
 class EndOfData(Exception):
     """An iterable dataset ran out (inside the fetcher; never reaches users)."""
-
-
-class EmptyBatch(Exception):
-    """Every sample of the batch was skipped (``skip_bad_samples``); the
-    fetcher's ``skipped`` says why (inside the engine; never reaches users)."""
 
 
 class StageClock:
@@ -49,7 +41,8 @@ class FetchSpec:
     """What a fetcher needs; one object, shared by the main process and workers."""
 
     dataset: Any
-    iterable: bool
+    #: MAP or ITERABLE (kinds.py): what differs between the two kinds, decided once.
+    kind: Any
     auto_collation: bool
     batch_size: Optional[int]
     drop_last: bool
@@ -66,6 +59,11 @@ class FetchSpec:
     #: Exception types for which a sample is left out of its batch
     #: (``DataLoader(skip_bad_samples=)``, skips.py); empty: none.
     skip_errors: tuple = ()
+
+    @property
+    def iterable(self) -> bool:
+        """For the layers above the engine (the state's settings); the engine asks ``kind``."""
+        return bool(self.kind.iterable)
 
     def collate(self, samples: Any, allocate: Optional[Allocate]) -> Any:
         """``collate_fn(samples)``, or the numpy route into ``allocate`` when
@@ -96,122 +94,49 @@ def collate_route(collate_fn: Callable[[Any], Any]) -> tuple[Optional[Callable[[
 
 
 class MapFetcher:
-    """Map-style dataset: a task's indices name the samples; with
-    ``reads_in_flight > 1``, a batch's samples are read in a pool of that
-    many threads (made on first use, in the process that loads), in order."""
+    """Map-style dataset: a task's indices name the samples, read by the
+    strategy chosen for the loader's arguments (reads.py)."""
 
     def __init__(self, spec: FetchSpec, worker_id: int = 0):
         self.spec = spec
-        self._readers: Optional[ThreadPoolExecutor] = None
-        #: The last batch's skipped samples: (index, "Type: message", traceback text).
-        self.skipped: list = []
+        self._skips = Skips(spec.skip_errors)
+        self._reads = choose_reads(spec, self._skips)
+
+    @property
+    def skipped(self) -> list:
+        """The last batch's skipped samples: (index, "Type: message", traceback text)."""
+        return self._skips.records
 
     def seed_for(self, task_seed: Optional[int]) -> Optional[int]:
         """A map-style task carries its batch's seed: derive_seed(base_seed, batch index)."""
         return task_seed
 
+    def begin_epoch(self, restore: Any = None) -> None:
+        """A new epoch: nothing to start (samples are named by the tasks)."""
+
+    def state(self) -> None:
+        """Nothing to save: the sampler's state says where a map-style epoch stands."""
+        return None
+
     def fetch(self, indices: Any, allocate: Optional[Allocate] = None, clock: Optional[StageClock] = None) -> Any:
         """The batch at ``indices``, collated; each sample read with its own
         generators (rng.sample_rng), the batch's while collating."""
-        spec, dataset = self.spec, self.spec.dataset
+        spec = self.spec
         sample = rng.thread_sample_random()
-        if self.skipped:
-            self.skipped = []
-        if not spec.auto_collation:
-            sample.at(0)
-            samples, count = self._read_one(indices) if spec.skip_errors else dataset[indices], 1
-        elif spec.skip_errors:
-            samples, indices = self._read_skipping(indices, sample)
-            count = len(samples)
-        elif hasattr(dataset, "__getitems__"):
-            samples = fetch_many(dataset, indices)
-            count = len(samples)
-        elif spec.reads_in_flight > 1:
-            samples = self._read_concurrently(indices, sample.root)
-            count = len(samples)
-        else:
-            # With conveyor's collate, each sample's arrays go into the batch
-            # while still in cache (RowPlacer).
-            place = allocate.place if allocate is not None and spec.collate_into is not None else None
-            samples = []
-            for k, i in enumerate(indices):
-                sample.at(k)
-                samples.append(dataset[i] if place is None else place(dataset[i], k))
-            count = len(samples)
+        if self._skips.records:
+            self._skips.records = []
+        # With conveyor's collate, samples read one by one go into the batch while still in cache (RowPlacer).
+        place = getattr(allocate, "place", None) if spec.collate_into is not None else None
+        samples, indices = self._reads.read(indices, sample, place)
+        count = len(samples) if spec.auto_collation else 1
         sample.at(-1)
         # Collate errors name samples by dataset index (dataset[9]), as the error's header does.
         with _collate.naming_samples(indices if spec.auto_collation else None):
             return _collate_timed(spec, samples, count, allocate, clock)
 
-    def _read_concurrently(self, indices: Any, root: Any) -> list:
-        """``[dataset[i] for i in indices]``, up to ``reads_in_flight`` at a
-        time; the first failing read (in index order) raises, after the
-        others of the batch have finished."""
-        return [future.result() for future in self._submit(indices, root)]
-
-    def _submit(self, indices: Any, root: Any) -> list:
-        """Every read of the batch, done (as futures, in index order)."""
-        if self._readers is None:
-            self._readers = ThreadPoolExecutor(self.spec.reads_in_flight, thread_name_prefix="conveyor-read")
-        worker = _info.get_worker_info()
-        futures = [self._readers.submit(self._read, worker, root, k, i) for k, i in enumerate(indices)]
-        wait(futures)
-        return futures
-
-    def _read_one(self, index: Any) -> Any:
-        """``dataset[index]`` with batching off: a sample that raises one of
-        ``skip_errors`` is noted in ``skipped`` and leaves its batch empty."""
-        try:
-            return self.spec.dataset[index]
-        except self.spec.skip_errors as exc:
-            self._note_skip(index, exc)
-            raise EmptyBatch from None
-
-    def _note_skip(self, index: Any, exc: BaseException) -> None:
-        self.skipped.append((index, f"{type(exc).__name__}: {exc}", "".join(format_exception(exc))))
-
-    def _read_skipping(self, indices: Any, sample: Any) -> tuple[list, list]:
-        """The samples at ``indices`` that load, in order, and their
-        indices; each that raises one of ``skip_errors`` is left out and
-        noted in ``skipped``.
-        ``__getitems__`` is tried first; when it raises such an error, the
-        samples are read one by one to find the bad ones."""
-        spec, dataset = self.spec, self.spec.dataset
-        if hasattr(dataset, "__getitems__"):
-            try:
-                return fetch_many(dataset, indices), list(indices)
-            except spec.skip_errors:
-                pass
-        futures = self._submit(indices, sample.root) if spec.reads_in_flight > 1 else None
-        kept, kept_indices = [], []
-        for k, i in enumerate(indices):
-            try:
-                if futures is not None:
-                    kept.append(futures[k].result())
-                else:
-                    sample.at(k)
-                    kept.append(dataset[i])
-            except spec.skip_errors as exc:
-                self._note_skip(i, exc)
-            else:
-                kept_indices.append(i)
-        if not kept:
-            raise EmptyBatch
-        return kept, kept_indices
-
-    def _read(self, worker: Any, root: Any, key: int, index: Any) -> Any:
-        """One read, in a reading thread: it answers get_worker_info() as
-        ``worker`` and draws from sample ``key``'s generators."""
-        sample = rng.thread_sample_random()
-        sample.reset(root, key)
-        _info.lend(worker, sample)
-        return self.spec.dataset[index]
-
     def close(self) -> None:
         """Stop the reading threads (when there are any); safe to call twice."""
-        readers, self._readers = self._readers, None
-        if readers is not None:
-            readers.shutdown(wait=True)
+        self._reads.close()
 
 
 class IterableFetcher:
@@ -234,7 +159,7 @@ class IterableFetcher:
         not depend on how the main process happened to hand out tasks."""
         return None if task_seed is None else rng.derive_seed(task_seed, self.worker_id, self.served)
 
-    def restart(self, restore: Any = None) -> None:
+    def begin_epoch(self, restore: Any = None) -> None:
         """Begin a new pass over the dataset (a new epoch), or continue one
         from ``restore`` (a dict made by :meth:`state`): the dataset's state
         is loaded, ``iter()`` called, then the iterator's state loaded; a
@@ -308,7 +233,7 @@ class IterableFetcher:
     def fetch(self, indices: Any, allocate: Optional[Allocate] = None, clock: Optional[StageClock] = None) -> Any:
         spec = self.spec
         if self._iterator is None and not self.ended:
-            self.restart()
+            self.begin_epoch()
         self.served += 1
         if self.ended:
             raise EndOfData
@@ -345,8 +270,9 @@ def _collate_timed(spec: FetchSpec, samples: Any, count: int, allocate: Optional
     return batch
 
 
-def make_fetcher(spec: FetchSpec, worker_id: int = 0):
-    return IterableFetcher(spec, worker_id) if spec.iterable else MapFetcher(spec, worker_id)
+def make_fetcher(spec: FetchSpec, worker_id: int = 0) -> Any:
+    """The fetcher of ``spec``'s kind of dataset, for worker ``worker_id``."""
+    return spec.kind.fetcher(spec, worker_id)
 
 
 def fetch_seeded(

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import enum
-import itertools
 import math
 import os
 import threading
@@ -55,7 +54,7 @@ from .fetch import FetchSpec
 from .messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
 from ..collate import to_torch
 from .pool import WorkerPool
-from .progress import IterableProgress
+from .kinds import NoCopies
 from .reorder import ReorderBuffer
 from .shm import SPARE_SLOTS
 from .inline import InlineWorkers
@@ -175,9 +174,9 @@ class PoolExecutor:
         #: Batches sent to a worker and not answered yet.
         self._pending: dict[int, PlannedBatch] = {}
         self._reorder = ReorderBuffer(running.in_order)
-        self._progress: Optional[IterableProgress] = None
+        self._progress: Any = NoCopies()  # (where an iterable's copies stand: kinds.py)
         self._restore: dict[int, Any] = {}
-        self._cycle = itertools.count()
+        self._turn = 0  # (whose turn it is: round robin starts at worker 0, as torch's)
         self._started_at = 0.0
         #: Seconds the workers took to be ready, until a delivered batch carries it.
         self._ready_s: Optional[float] = None
@@ -247,22 +246,16 @@ class PoolExecutor:
         self._plan_done = False
         self._pending.clear()
         self._first_task = True
-        self._cycle = itertools.count()  # round robin starts at worker 0, as torch's
         for worker in self._workers:
             worker.active = True
-        self._progress = None
-        self._restore = {}
-        if self.loading.iterable:
-            self._progress = IterableProgress(len(self._workers), workers_resume)
-            if workers_resume is not None:
-                self._cycle = itertools.count(self._progress.next_turn)
-                self._restore = self._progress.restore_points()
-                for wid in self._progress.retired:
-                    self._workers[wid].active = False
-        on_retired = self._progress.passed if self._progress is not None else None
-        self._reorder = ReorderBuffer(self.running.in_order, first_index, skip, on_retired)
+        self._progress = progress = self.loading.kind.progress(len(self._workers), workers_resume)
+        self._turn = progress.next_turn
+        self._restore = progress.restore_points()
+        for wid in progress.retired:
+            self._workers[wid].active = False
+        self._reorder = ReorderBuffer(self.running.in_order, first_index, skip, progress.passed)
         started = self._pool.begin_epoch(epoch_id, self._restore)
-        if started is None or self._progress is None:
+        if started is None:
             return workers_resume
         self._restore = {}  # (loaded already, where the copies started)
         for wid, state in started.items():
@@ -287,7 +280,7 @@ class PoolExecutor:
                 if self._plan_done and not self._pending and not len(self._reorder):
                     self._reorder.finish()
                     # The value: where the workers' copies stand at the end (iterable datasets).
-                    raise StopIteration(self._progress.snapshot() if self._progress is not None else None)
+                    raise StopIteration(self._progress.snapshot())
                 self._wait(deadline)
         except Broken as exc:
             broken = exc  # (broken outside the except: nothing raised now chains to it)
@@ -297,14 +290,11 @@ class PoolExecutor:
         self._break(broken)
 
     def _delivered(self, finished: _Finished) -> Delivered:
-        progress = self._progress
-        copies = None
-        if progress is not None:
-            progress.delivered(finished.worker.id, finished.worker_state)
-            copies = progress.snapshot()
+        self._progress.delivered(finished.worker.id, finished.worker_state)
         return Delivered(
-            finished.index, finished.data, finished.error, copies, self._timings(finished), finished.skipped, finished.empty
-        )
+            finished.index, finished.data, finished.error, self._progress.snapshot(), self._timings(finished),
+            finished.skipped, finished.empty,
+        )  # fmt: skip
 
     def _timings(self, finished: _Finished) -> Optional[Timings]:
         if finished.times is None:
@@ -342,27 +332,10 @@ class PoolExecutor:
                 self._pool.send(self._workers[wid], tasks)
 
     def _choose_worker(self) -> Optional[WorkerView]:
-        active = [w for w in self._workers if w.active and not w.exited]
-        if not active:
-            return None
-        turn = next(self._cycle)
-        if self.loading.iterable:
-            # Round robin over all workers, skipping retired ones, as torch:
-            # which worker serves a batch decides its content. With
-            # in_order=False, also skipping those with their share of the
-            # window in hand (as torch), so a slow worker holds back no other;
-            # None when every one has.
-            count = len(self._workers)
-            share = None if self.running.in_order else self.running.prefetch_factor * count // len(active)
-            for step in range(count):
-                worker = self._workers[(turn + step) % count]
-                if worker.active and not worker.exited and (share is None or len(worker.outstanding) < share):
-                    self._cycle = itertools.count(turn + step + 1)
-                    return worker
-            self._cycle = itertools.count(turn + count)
-            return None
-        # Map-style: the least busy worker; content does not depend on it.
-        return min(active, key=lambda w: (len(w.outstanding), (w.id - turn) % len(self._workers)))
+        """Who loads the next batch, as the dataset's kind says (kinds.py)."""
+        running = self.running
+        worker, self._turn = self.loading.kind.choose(self._workers, self._turn, running.in_order, running.prefetch_factor)
+        return worker
 
     def _assign(self, worker: WorkerView, planned: PlannedBatch) -> Task:
         """Book a task for ``worker`` (a slot, its place in the queues)."""
@@ -437,8 +410,7 @@ class PoolExecutor:
         self._pool.give_back(sent.slot)
         if isinstance(message, Exhausted):
             worker.active = False
-            if self._progress is not None:
-                self._progress.exhausted(index, worker.id, message.worker_state)
+            self._progress.exhausted(index, worker.id, message.worker_state)
             self._reorder.retire(index)
         elif isinstance(message, TaskFailed):
             self._reorder.put(index, _Finished(index, worker, error=self._task_error(worker, message, planned)))

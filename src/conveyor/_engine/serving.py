@@ -153,11 +153,9 @@ class Serving:
     def begin_epoch(self, epoch_id: int, restore: Any) -> Optional[dict]:
         """Start epoch ``epoch_id`` now rather than at its first task (an
         inline worker: torch calls an iterable dataset's ``__iter__`` when
-        the loader's is called); where the copy then stands (None: map-style)."""
+        the loader's is called); where its copy then stands (None: map-style)."""
         self._epoch_id = epoch_id
-        if not self.config.fetch.iterable:
-            return None
-        self.fetcher.restart(restore)
+        self.fetcher.begin_epoch(restore)
         return self.fetcher.state()
 
     def serve(self, task: Task, writer: Optional[SlotWriter]) -> bytes:
@@ -217,12 +215,10 @@ class Serving:
 
     def _load(self, task: Task, writer: Optional[SlotWriter]) -> Any:
         config, fetcher, wid = self.config, self.fetcher, self.config.worker_id
-        iterable = config.fetch.iterable
         try:
             if task.epoch_id != self._epoch_id:
                 self._epoch_id = task.epoch_id
-                if iterable:
-                    fetcher.restart(task.restore)  # calls the dataset's __iter__, load_state_dict
+                fetcher.begin_epoch(task.restore)  # an iterable's copy: its __iter__, load_state_dict
             if writer is not None:
                 writer.begin()
             clock = StageClock() if config.timed else None
@@ -250,16 +246,15 @@ class Serving:
             raise Ending(fatal_message(wid, config.where, "task", task)) from None
         except BaseException:
             return self._failed(task)
-        if iterable:  # where this copy stands after the batch, for DataLoader.state_dict
-            try:
-                message = dataclasses.replace(message, worker_state=fetcher.state())
-            except (SystemExit, KeyboardInterrupt):
-                if config.place is Place.INLINE:
-                    raise
-                raise Ending(fatal_message(wid, config.where, "task", task)) from None
-            except BaseException:
-                return self._failed(task, "in state_dict()")
-        return message
+        try:  # where an iterable's copy stands after the batch, for DataLoader.state_dict
+            state = fetcher.state()
+        except (SystemExit, KeyboardInterrupt):
+            if config.place is Place.INLINE:
+                raise
+            raise Ending(fatal_message(wid, config.where, "task", task)) from None
+        except BaseException:
+            return self._failed(task, "in state_dict()")
+        return message if state is None else dataclasses.replace(message, worker_state=state)
 
 
 def _allocator(spec: FetchSpec, task: Task, writer: Optional[SlotWriter]) -> Any:
@@ -271,6 +266,6 @@ def _allocator(spec: FetchSpec, task: Task, writer: Optional[SlotWriter]) -> Any
         return None
     if writer is None:
         return allocate_batch
-    if spec.auto_collation and not spec.iterable:
+    if spec.auto_collation and spec.kind.places_rows:
         return RowPlacer(writer, len(task.indices), task.fill_threads)
     return SlotAllocator(writer)

@@ -23,7 +23,6 @@ workers. What differs, because a thread shares its process:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import queue
@@ -185,13 +184,11 @@ class ThreadWorkers:
 
 
 def _own_copy(config: WorkerConfig) -> WorkerConfig:
-    """An iterable dataset gets a copy per thread (``copy.copy``), as each
-    worker process has its own: what its ``__iter__`` or ``load_state_dict``
-    sets on it (a position, a shard list) is that worker's. The objects it
-    holds are shared. A map-style dataset is shared as it is."""
-    if not config.fetch.iterable:
-        return config
-    return dataclasses.replace(config, fetch=dataclasses.replace(config.fetch, dataset=copy.copy(config.fetch.dataset)))
+    """The thread's dataset, as its kind wants it (kinds.py: an iterable's
+    own shallow copy, as each worker process has its own; a map-style
+    dataset shared as it is)."""
+    fetch = config.fetch
+    return dataclasses.replace(config, fetch=dataclasses.replace(fetch, dataset=fetch.kind.for_thread(fetch.dataset)))
 
 
 def _set_up(config: WorkerConfig) -> Any:
