@@ -35,7 +35,8 @@ from . import stats as _stats
 from .iteration import LoaderIterator
 from .plan import Delivering, Plan, Sampling
 from ._engine.cpu import usable_cores
-from ._engine.pool_executor import PoolExecutor, Running
+from ._engine.executor import Running
+from ._engine.pool_executor import PoolExecutor
 from ._engine.fetch import FetchSpec, collate_route
 from ._engine.kinds import kind_of
 from ._engine.launch import START_METHODS, resolve_start_method

@@ -5,7 +5,7 @@ each layer receiving only its own.
         .loading    what to load: the dataset and its kind, batching, collate,
                     how samples are read (fetch.FetchSpec)          ──▶ the workers
         .running    how: the workers and their kind, the window,
-                    order, waits, timing (pool_executor.Running)    ──▶ the executor
+                    order, waits, timing (executor.Running)       ──▶ the executor
         .sampling   the order and its seeds: the index sampler,
                     seed, generator, flavour (Sampling)             ──▶ the state, the pass
         .delivering one pass's delivery: pinning, the length torch
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ._engine.fetch import FetchSpec
-from ._engine.pool_executor import Running
+from ._engine.executor import Running
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,54 @@ goes on, as in torch.
 
 from __future__ import annotations
 
+import enum
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple, Optional, Protocol
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Protocol
 
 from .messages import LoadTimes, pack_load_times, unpack_load_times
+
+
+class Lifecycle(enum.Enum):
+    """An executor's life: started, broken (one failure, raised again by
+    every later call), closed (shut down)."""
+
+    NEW = "new"
+    RUNNING = "running"
+    BROKEN = "broken"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class Running:
+    """How the executor runs the workers (the plan's ``running`` part)."""
+
+    #: Workers to start: 1 inline worker for num_workers=0.
+    workers: int
+    #: The loader's num_workers as the user gave it.
+    num_workers: int
+    #: "inline" (num_workers=0), "thread", or "fork" / "spawn" / "forkserver".
+    method: str
+    #: Batches in flight per worker (1 inline: nothing is loaded ahead).
+    prefetch_factor: int
+    #: prefetch_factor was left to conveyor: keep SMALL_BATCH_WINDOW batches
+    #: per worker in flight while batches are small.
+    deepen_small: bool
+    in_order: bool
+    #: As the user gave it (torch's message repeats it verbatim); 0 inline.
+    timeout_s: float
+    worker_init_fn: Optional[Callable[[int], None]]
+    #: Warn when nothing has arrived for this long while waiting (0: never).
+    stall_warning_s: float
+    #: Time each batch's stages (Delivered.timings).
+    timed: bool
+    #: The loader keeps its workers between passes.
+    persistent: bool
+
+    @property
+    def threads(self) -> bool:
+        return self.method == "thread"
 
 
 @dataclass(frozen=True)

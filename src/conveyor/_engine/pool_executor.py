@@ -28,39 +28,28 @@ worker and is raised by every later ``next_batch``.
 from __future__ import annotations
 
 import copy
-import enum
-import math
 import os
-import threading
 import time
 import warnings
-from dataclasses import dataclass
+from functools import partial
 from time import perf_counter
-from traceback import format_tb
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, Iterator, Optional
 
 from .cpu import usable_cores
-from .errors import (
-    add_note,
-    batch_error,
-    describe_indices,
-    live_workers_error,
-    rebuild_exception,
-    transport_error,
-    worker_ended_error,
-)
-from .executor import Delivered, PlannedBatch, Timings, pack_delivery_times, skipped_records
+from .errors import describe_indices, live_workers_error
+from .results import Finished, decode, task_error, timings
+from . import failing
+from .executor import Delivered, Lifecycle, PlannedBatch, Running, Timings, skipped_records
 from .fetch import FetchSpec
 from .messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
-from ..collate import to_torch
 from .pool import WorkerPool
 from .kinds import NoCopies
 from .reorder import ReorderBuffer
 from .shm import SPARE_SLOTS
 from .inline import InlineWorkers
 from .threads import ThreadWorkers
-from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers, late_text
-from .serving import Place, WorkerConfig, WorkerFds
+from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers
+from .serving import worker_config
 from .workers import EXITED, Broken, Sent, WorkerView, Workers
 
 
@@ -78,10 +67,6 @@ SMALL_BATCH_WINDOW = 16
 FIRST_BATCH_FILL_THREADS = usable_cores()
 
 
-#: Where the workers of each start method run.
-PLACES = {"thread": Place.THREAD, "inline": Place.INLINE}
-
-
 def _workers_for(start_method: str) -> Workers:
     """The Workers that reach workers started this way: "inline" (num_workers=0),
     "thread", or a process start method."""
@@ -90,63 +75,6 @@ def _workers_for(start_method: str) -> Workers:
     if start_method == "thread":
         return ThreadWorkers()
     return WorkerPool(start_method)
-
-
-class Lifecycle(enum.Enum):
-    NEW = "new"
-    RUNNING = "running"
-    BROKEN = "broken"
-    CLOSED = "closed"
-
-
-@dataclass(frozen=True)
-class Running:
-    """How the executor runs the workers (the plan's ``running`` part)."""
-
-    #: Workers to start: 1 inline worker for num_workers=0.
-    workers: int
-    #: The loader's num_workers as the user gave it.
-    num_workers: int
-    #: "inline" (num_workers=0), "thread", or "fork" / "spawn" / "forkserver".
-    method: str
-    #: Batches in flight per worker (1 inline: nothing is loaded ahead).
-    prefetch_factor: int
-    #: prefetch_factor was left to conveyor: keep SMALL_BATCH_WINDOW batches
-    #: per worker in flight while batches are small.
-    deepen_small: bool
-    in_order: bool
-    #: As the user gave it (torch's message repeats it verbatim); 0 inline.
-    timeout_s: float
-    worker_init_fn: Optional[Callable[[int], None]]
-    #: Warn when nothing has arrived for this long while waiting (0: never).
-    stall_warning_s: float
-    #: Time each batch's stages (Delivered.timings).
-    timed: bool
-    #: The loader keeps its workers between passes.
-    persistent: bool
-
-    @property
-    def threads(self) -> bool:
-        return self.method == "thread"
-
-
-class _Finished(NamedTuple):
-    """A batch back from a worker, waiting for its turn (a named tuple: one
-    is made per batch, and a tuple is the cheapest record Python builds)."""
-
-    index: int
-    worker: WorkerView
-    data: Any = None
-    error: Optional[BaseException] = None
-    worker_state: Any = None
-    #: For Delivered.timings: the worker's times (a packed LoadTimes), the
-    #: sampler's, the decoding's, and when it arrived.
-    times: Optional[bytes] = None
-    sampler_s: float = 0.0
-    decode_s: float = 0.0
-    arrived_at: float = 0.0
-    skipped: tuple = ()
-    empty: bool = False
 
 
 class PoolExecutor:
@@ -191,29 +119,12 @@ class PoolExecutor:
         cfg = self.running
         self._started_at = perf_counter()
         try:
-            self._pool.start(self._worker_config, cfg.workers, cfg.prefetch_factor * cfg.workers + SPARE_SLOTS)
+            self._pool.start(partial(worker_config, self.loading, cfg, self.base_seed, self._owner_pid), cfg.workers, cfg.prefetch_factor * cfg.workers + SPARE_SLOTS)
         except BaseException:
             self.shutdown()
             raise
         self._starting = {worker.id for worker in self._workers if not worker.ready}
         self.state = Lifecycle.RUNNING
-
-    def _worker_config(self, wid: int, fds: WorkerFds, close_fds: tuple) -> WorkerConfig:
-        cfg = self.running
-        return WorkerConfig(
-            worker_id=wid,
-            num_workers=cfg.workers,
-            seed=(self.base_seed + wid) & ((1 << 63) - 1),
-            fetch=self.loading,
-            worker_init_fn=cfg.worker_init_fn,
-            parent_pid=self._owner_pid if cfg.method not in ("forkserver", "thread") else None,
-            close_fds=close_fds,
-            fds=fds,
-            timed=cfg.timed,
-            place=PLACES.get(cfg.method, Place.PROCESS),
-            # (Linux kills a worker when the thread that started it ends: only a thread that lives on)
-            die_with_parent=cfg.method == "forkserver" or threading.current_thread() is threading.main_thread(),
-        )
 
     @property
     def _workers(self) -> list[WorkerView]:
@@ -289,23 +200,18 @@ class PoolExecutor:
             raise
         self._break(broken)
 
-    def _delivered(self, finished: _Finished) -> Delivered:
+    def _delivered(self, finished: Finished) -> Delivered:
         self._progress.delivered(finished.worker.id, finished.worker_state)
         return Delivered(
             finished.index, finished.data, finished.error, self._progress.snapshot(), self._timings(finished),
             finished.skipped, finished.empty,
         )  # fmt: skip
 
-    def _timings(self, finished: _Finished) -> Optional[Timings]:
+    def _timings(self, finished: Finished) -> Optional[Timings]:
         if finished.times is None:
             return None
-        ready_s, self._ready_s = self._ready_s, None
-        worker, arrived_at = finished.worker, finished.arrived_at
-        delivery = pack_delivery_times(
-            finished.sampler_s, finished.decode_s, perf_counter() - arrived_at, 0.0, arrived_at,
-            math.nan if ready_s is None else ready_s, *worker.timing_ids, self._pool.slots_in_use(),
-        )  # fmt: skip
-        return Timings(finished.times, delivery)
+        ready_s, self._ready_s = self._ready_s, None  # (told once: with the first batch after the workers started)
+        return timings(finished, ready_s, self._pool.slots_in_use())
 
     # ------------------------------------------------------------- dispatch
     def _dispatch(self) -> None:
@@ -399,8 +305,8 @@ class PoolExecutor:
                 self._pool.give_back(sent.slot)
                 data, error = None, None
             else:
-                data, error = self._decode(worker, sent, planned, message)
-            decoded = _Finished(
+                data, error = decode(self._pool, worker, sent, planned, message, self.loading.to_torch)
+            decoded = Finished(
                 index, worker, data, error, message.worker_state,
                 message.times, planned.sampler_s, perf_counter() - arrived_at, arrived_at,
                 skipped_records(message.skipped, index, worker.describe()), message.empty,
@@ -413,32 +319,7 @@ class PoolExecutor:
             self._progress.exhausted(index, worker.id, message.worker_state)
             self._reorder.retire(index)
         elif isinstance(message, TaskFailed):
-            self._reorder.put(index, _Finished(index, worker, error=self._task_error(worker, message, planned)))
-
-    def _task_error(self, worker: WorkerView, message: TaskFailed, planned: PlannedBatch) -> BaseException:
-        """A failed batch's error: an inline worker's is the user's exception
-        itself; a process's or thread's is rebuilt from what it told, naming it."""
-        if message.exception is not None:
-            return message.exception
-        who = worker.describe() if self.running.threads else f"worker pid {message.failure.pid}"
-        return batch_error(message.failure, who, message.batch_index, planned.indices)
-
-    def _decode(self, worker: WorkerView, sent: Sent, planned: PlannedBatch, message: Batch) -> tuple[Any, Any]:
-        """(the batch as the user gets it, tensors if asked; None) or, when
-        the conversion to tensors fails, (None, that batch's error). What
-        cannot be read (a slot that does not map) breaks the pool."""
-        data = self._pool.decode(worker, sent, message)
-        if not self.loading.to_torch:
-            return data, None
-        try:
-            return to_torch(data), None
-        except Exception as error:
-            add_note(
-                error,
-                f"(conveyor: while turning batch {message.batch_index} ({describe_indices(planned.indices)}) "
-                f"from {worker.describe()} into torch tensors)",
-            )
-            return None, error
+            self._reorder.put(index, Finished(index, worker, error=task_error(worker, message, planned, self.running.threads)))
 
     # ------------------------------------------------------------- watching
     def _busy(self, with_stacks: bool = False) -> list[BusyWorker]:
@@ -452,56 +333,32 @@ class PoolExecutor:
         # stopped now rather than whenever the traceback lets the iterator go.
         wanted = self._reorder.next_index if self.running.in_order else None
         planned = self._pending.get(wanted) if wanted is not None else None
-        wanted_text = describe_indices(planned.indices) if planned is not None else ""
-        self._fail(
-            RuntimeError(
-                f"DataLoader timed out after {self.running.timeout_s} seconds. (conveyor: {late_text(self._busy(), wanted, wanted_text)}. "
-                f"The workers were stopped; raise timeout=, or look for a slow or stuck sample.)"
-            )
-        )
+        self._fail(failing.timeout_error(self.running.timeout_s, self._busy(), wanted, planned))
 
     # ------------------------------------------------------------- failures
     def _on_fatal(self, worker: WorkerView, fatal: Fatal) -> None:
         """User code ended the worker (set-up failed, SystemExit, KeyboardInterrupt)."""
-        ended = worker_ended_error(fatal, worker.pid)
-        if ended is not None:
-            self._fail(ended)
-        error = rebuild_exception(fatal.failure)
-        if fatal.stage == "read":
-            self._break(Broken(worker, None, "could not read the task of", error))
-        who = worker.describe() if self.running.threads else f"worker {worker.id}, pid {worker.pid}"
-        context = f"(conveyor: while starting {who})"
-        self._fail(rebuild_exception(fatal.failure, context))
+        self._fail(failing.fatal_error(worker, fatal, self.running.threads, self._epoch_id, self._what))
 
     def _on_worker_exit(self, worker: WorkerView) -> None:
         if self.state is not Lifecycle.RUNNING:
             return
         starting = worker.id in self._starting  # (it never said Ready: the start failed, not a batch)
         sent = worker.current(self._epoch_id)
-        what = None
-        if sent is not None and sent.batch_index in self._pending and not starting:
-            what = f"batch {sent.batch_index} ({describe_indices(self._pending[sent.batch_index].indices)})"
-        self._fail(self._pool.exit_error(worker, what, starting))
+        what = self._what(sent.batch_index) if sent is not None and sent.batch_index in self._pending else None
+        self._fail(self._pool.exit_error(worker, None if starting else what, starting))
 
     def _break(self, broken: Broken) -> None:
         """A message could not cross between this process and a worker."""
-        batch_index = broken.batch_index
+        self._fail(failing.broken_error(broken, self._epoch_id, self._what))
+
+    def _what(self, batch_index: Optional[int]) -> str:
+        """"batch 3 (sample indices [6, 7])", for messages."""
         if batch_index is None:
-            sent = broken.worker.current(self._epoch_id)
-            batch_index = sent.batch_index if sent is not None else None
-        planned = self._pending.get(batch_index) if batch_index is not None else None
-        what = f"batch {batch_index}" if batch_index is not None else "a batch"
-        if planned is not None:
-            what += f" ({describe_indices(planned.indices)})"
-        # The cause's traceback starts in a frame below this executor's and
-        # its frames lead back (f_back) to the iterator: kept, it would keep
-        # the broken loader alive for good. Its text goes into the message instead.
-        cause = broken.cause
-        below = cause.__traceback__.tb_next if cause.__traceback__ is not None else None
-        where = "".join(format_tb(below)) if below is not None else ""
-        cause.__traceback__ = None
-        broken.__traceback__ = None
-        self._fail(transport_error(broken.doing, what, broken.worker.describe(), cause, where))
+            return "a batch"
+        planned = self._pending.get(batch_index)
+        return f"batch {batch_index}" + (f" ({describe_indices(planned.indices)})" if planned is not None else "")
+
     def _fail(self, error: BaseException) -> None:
         """The one failure path: remember, stop everything, raise; later
         calls raise the same error."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
+import threading
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Optional
@@ -102,6 +103,32 @@ class WorkerConfig:
         if self.place is Place.INLINE:
             return "in the main process"
         return f"in DataLoader worker {self.place.value} {self.worker_id}"
+
+
+#: Where the workers of each start method run (any other: processes).
+PLACES = {"thread": Place.THREAD, "inline": Place.INLINE}
+
+
+def worker_config(
+    loading: FetchSpec, running: Any, base_seed: int, owner_pid: int, worker_id: int, fds: WorkerFds, close_fds: tuple
+) -> WorkerConfig:
+    """Worker ``worker_id``'s config, for the executor's plan (``running``:
+    executor.Running) and pass seed; ``owner_pid``: the main process."""
+    method = running.method
+    return WorkerConfig(
+        worker_id=worker_id,
+        num_workers=running.workers,
+        seed=(base_seed + worker_id) & ((1 << 63) - 1),
+        fetch=loading,
+        worker_init_fn=running.worker_init_fn,
+        parent_pid=owner_pid if method not in ("forkserver", "thread", "inline") else None,
+        close_fds=close_fds,
+        fds=fds,
+        timed=running.timed,
+        place=PLACES.get(method, Place.PROCESS),
+        # (Linux kills a worker when the thread that started it ends: only a thread that lives on)
+        die_with_parent=method == "forkserver" or threading.current_thread() is threading.main_thread(),
+    )
 
 
 # ------------------------------------------------------------------ ending
