@@ -345,8 +345,8 @@ def stats_overhead(rounds: int) -> dict:
 def machine_limits() -> dict:
     """What the hardware allows, for reading the workloads against."""
     from conveyor.collate import collate_into
-    from conveyor._engine.rows import SlotAllocator
-    from conveyor._engine.shm import SlotWriter, create_slot_fds
+    from conveyor._engine.loading.rows import SlotAllocator
+    from conveyor._engine.transport.slots import SlotWriter, create_slot_fds
 
     big = np.ones((64, 3, 224, 224), np.uint8)
     dst = np.empty_like(big)

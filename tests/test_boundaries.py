@@ -57,7 +57,7 @@ import pytest
 import conveyor
 import procutil
 from conveyor._engine.errors import TransportError, WorkerDiedError
-from conveyor._engine.watchdog import StallWarning
+from conveyor._engine.executor.watchdog import StallWarning
 from toy_datasets import Squares, SlowAt1
 
 pytestmark = pytest.mark.timeout(60)

@@ -23,9 +23,9 @@ import types
 import pytest
 
 import conveyor
-from conveyor._engine.executor import Delivered, Timings
-from conveyor._engine.progress import IterableProgress
-from conveyor._engine.reorder import ReorderBuffer
+from conveyor._engine.executor.records import Delivered, Timings
+from conveyor._engine.executor.progress import IterableProgress
+from conveyor._engine.executor.reorder import ReorderBuffer
 from conveyor.state import EpochProgress
 from conveyor.stats import StatsRecorder
 from conveyor.stats.recorder import WINDOW

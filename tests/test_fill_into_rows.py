@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conveyor.collate import collate_into
-from conveyor._engine.rows import RowPlacer
+from conveyor._engine.loading.rows import RowPlacer
 
 
 class Writer:

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conveyor._engine import wire
-from conveyor._engine.wire import FrameReader, FrameWriter, pack, read_frame, unpack, write_frame
+from conveyor._engine.transport import wire
+from conveyor._engine.transport.wire import FrameReader, FrameWriter, pack, read_frame, unpack, write_frame
 
 #: Bytes a Linux pipe holds by default; frames larger than this cannot sit
 #: in the pipe whole.

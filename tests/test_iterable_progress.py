@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from conveyor._engine.progress import IterableProgress
+from conveyor._engine.executor.progress import IterableProgress
 
 
 def test_a_fresh_progress_has_no_states_nothing_retired_and_worker_0_next():

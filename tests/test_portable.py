@@ -30,10 +30,11 @@ import pytest
 
 import conveyor
 import procutil
-from conveyor._engine import portable, stacks
+from conveyor._engine import portable
+from conveyor._engine.workers import stacks
 from conveyor._engine.errors import WorkerDiedError
-from conveyor._engine.shm import StopFlag
-from conveyor._engine.watchdog import StallWarning
+from conveyor._engine.transport.slots import StopFlag
+from conveyor._engine.executor.watchdog import StallWarning
 from toy_datasets import Squares, SlowAt1
 
 #: A hang shows as a failure, never as a stuck suite.
@@ -226,7 +227,7 @@ def test_where_shared_memory_is_sized_once_a_bigger_batch_travels_through_the_pi
 def test_the_stop_flag_is_seen_by_a_process_that_inherits_it(linux_paths_off):
     flag = StopFlag()
     try:
-        code = "import sys\nfrom conveyor._engine.shm import StopFlag\nsys.exit(0 if StopFlag(int(sys.argv[1])).is_set() else 1)"
+        code = "import sys\nfrom conveyor._engine.transport.slots import StopFlag\nsys.exit(0 if StopFlag(int(sys.argv[1])).is_set() else 1)"
         run = functools.partial(
             subprocess.run, [sys.executable, "-c", code, str(flag.fd)], pass_fds=(flag.fd,), timeout=WAIT_CAP_S
         )

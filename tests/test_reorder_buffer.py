@@ -14,7 +14,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor._engine.reorder import ReorderBuffer
+from conveyor._engine.executor.reorder import ReorderBuffer
 
 
 def drained(buffer: ReorderBuffer) -> list:

@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import conveyor
-from conveyor._engine.executor import Timings, pack_delivery_times
-from conveyor._engine.messages import pack_load_times
+from conveyor._engine.executor.records import Timings, pack_delivery_times
+from conveyor._engine.transport.messages import pack_load_times
 from conveyor.stats import StatsRecorder, live
 from conveyor.stats.machine import CoreUse
 from conveyor.stats.report import Mark, fractions

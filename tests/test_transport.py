@@ -111,7 +111,7 @@ def test_a_slot_grown_past_the_release_size_gives_its_memory_back(monkeypatch):
     """Batches of 786 KB with the release size set to 512 KB: a dropped
     batch's slot is emptied, the next batch regrows it, and batches stay
     right, held or not."""
-    from conveyor._engine import shm
+    from conveyor._engine.transport import slots as shm
 
     monkeypatch.setattr(shm, "RELEASE_ABOVE_BYTES", 512 << 10)  # (read in the main process only)
     loader = conveyor.DataLoader(Images(64 * 12, side=64), batch_size=64, num_workers=2, persistent_workers=True)

@@ -26,14 +26,14 @@ import pytest
 
 import conveyor
 import procutil
-from conveyor._engine.fetch import FetchSpec, collate_route
-from conveyor._engine.messages import Batch, Fatal, Ready, Task, TaskFailed
-from conveyor._engine.inline import InlineWorkers
-from conveyor._engine.kinds import MAP
-from conveyor._engine.pool import WorkerPool
-from conveyor._engine.threads import ThreadWorkers
-from conveyor._engine.serving import Place, WorkerConfig
-from conveyor._engine.workers import EXITED, Sent
+from conveyor._engine.loading.fetch import FetchSpec, collate_route
+from conveyor._engine.transport.messages import Batch, Fatal, Ready, Task, TaskFailed
+from conveyor._engine.workers.inline import InlineWorkers
+from conveyor._engine.executor.kinds import MAP
+from conveyor._engine.workers.pool import WorkerPool
+from conveyor._engine.workers.threads import ThreadWorkers
+from conveyor._engine.loading.serving import Place, WorkerConfig
+from conveyor._engine.workers.protocol import EXITED, Sent
 
 pytestmark = pytest.mark.timeout(120)
 

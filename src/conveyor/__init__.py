@@ -33,7 +33,7 @@ from .sampler import (
 )
 from ._engine.errors import TransportError, WorkerDiedError
 from ._engine.info import WorkerInfo, get_worker_info
-from ._engine.watchdog import StallWarning
+from ._engine.executor.watchdog import StallWarning
 from .sharding import ShardedIterable
 from .splits import random_split
 from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample

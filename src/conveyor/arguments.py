@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 from ._engine import portable
-from ._engine.launch import START_METHODS
+from ._engine.workers.launch import START_METHODS
 from .dataset import is_iterable_dataset, is_map_dataset
 
 

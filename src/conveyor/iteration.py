@@ -29,8 +29,8 @@ from functools import partial
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
-from ._engine.executor import Delivered, Executor, PlannedBatch
-from ._engine.pin import PinThread, pin_tree
+from ._engine.executor.records import Delivered, Executor, PlannedBatch
+from ._engine.executor.pin import PinThread, pin_tree
 from .plan import Plan
 from .sampler import replay
 from .skips import BadSampleBudgetExceeded, SkipLedger

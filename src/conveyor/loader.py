@@ -35,11 +35,11 @@ from . import stats as _stats
 from .iteration import LoaderIterator
 from .plan import Delivering, Plan, Sampling
 from ._engine.cpu import usable_cores
-from ._engine.executor import Running
-from ._engine.pool_executor import PoolExecutor
-from ._engine.fetch import FetchSpec, collate_route
-from ._engine.kinds import kind_of
-from ._engine.launch import START_METHODS, resolve_start_method
+from ._engine.executor.records import Running
+from ._engine.executor.core import PoolExecutor
+from ._engine.loading.fetch import FetchSpec, collate_route
+from ._engine.executor.kinds import kind_of
+from ._engine.workers.launch import START_METHODS, resolve_start_method
 
 __all__ = ["DataLoader"]
 

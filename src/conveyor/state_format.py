@@ -7,7 +7,7 @@ that refuse a state that does not fit (showing both sides and the fix).
 
 * ``settings``: what must be the same in the loader that loads the state.
 * ``copies``: iterable datasets: where each copy stood (one per worker, or
-  the one of ``num_workers=0``), as ``_engine.progress.IterableProgress``
+  the one of ``num_workers=0``), as ``_engine.executor.progress.IterableProgress``
   snapshots: ``{"states": [...], "retired": [...], "next": n}``.
 * ``skipped``: present when samples were skipped this epoch
   (``skip_bad_samples``): one dict per ``skips.SkippedSample``.

@@ -42,7 +42,7 @@ from .rng import GeneratorLike
 from .rng import SampleRandom, sample_rng  # noqa: F401  (re-exported)
 from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample  # noqa: F401  (re-exported)
 from ._engine.errors import TransportError, WorkerDiedError  # noqa: F401  (re-exported)
-from ._engine.watchdog import StallWarning  # noqa: F401  (re-exported)
+from ._engine.executor.watchdog import StallWarning  # noqa: F401  (re-exported)
 
 #: The core's public names (each given its torch flavour below), less the
 #: core-only seed helper, plus torchdata's loader name.

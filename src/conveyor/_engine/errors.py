@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import cloudpickle
 
-from .messages import Failure, Fatal
+from .transport.messages import Failure, Fatal
 
 #: Reasons shown next to a signal that killed a worker, by signal name
 #: (names, not numbers: not every platform has every signal).

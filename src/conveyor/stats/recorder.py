@@ -29,8 +29,8 @@ from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
-from .._engine.executor import DeliveryTimes
-from .._engine.messages import LoadTimes
+from .._engine.executor.records import DeliveryTimes
+from .._engine.transport.messages import LoadTimes
 from .loading import LoadingTotals
 from .machine import CoreClock, CoreUse
 from .report import STAGES, LoaderStats, Mark, StageStats

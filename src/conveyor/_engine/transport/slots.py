@@ -27,15 +27,14 @@ from __future__ import annotations
 import math
 import mmap
 import os
-import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 
-from .portable import resize_shared_file, shared_memory_file
-from ..collate import array_to_tensor
+from ..portable import resize_shared_file, shared_memory_file
+from ...collate import array_to_tensor
 from .tree import map_leaves
 
 #: Arrays start at multiples of this (cache lines, and what SIMD loads like).
@@ -65,7 +64,7 @@ RELEASE_ABOVE_BYTES = 256 << 20
 #: Map slots with their pages in place (one call instead of a fault per page).
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 #: numpy dtype kinds that can live in shared memory.
-_PLAIN_KINDS = "biufcmM"
+PLAIN_KINDS = "biufcmM"
 
 
 class SlotFull(Exception):
@@ -237,99 +236,6 @@ class StopFlag:
                 os.close(self.fd)
             except OSError:
                 pass
-
-
-# ----------------------------------------------------------------- encoding
-
-
-#: Carriers for torch dtypes numpy lacks: an integer of the same width.
-_SAME_WIDTH_INTS = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
-
-
-def _tensor_as_numpy(value: Any) -> tuple[Optional[np.ndarray], Optional[str]]:
-    """A numpy view of a plain CPU tensor and, for a dtype numpy lacks, the
-    torch dtype to view it back as; (None, None) if it cannot be one."""
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(value, torch.Tensor):
-        return None, None
-    if value.device.type != "cpu" or value.layout != torch.strided or value.requires_grad:
-        return None, None
-    if value.is_conj() or value.is_neg() or type(value) is not torch.Tensor:
-        return None, None
-    try:
-        return value.numpy(), None
-    except (TypeError, RuntimeError):  # bfloat16 and friends have no numpy dtype
-        pass
-    carrier = _SAME_WIDTH_INTS.get(value.element_size())
-    if carrier is None or value.dtype.is_complex:
-        return None, None
-    try:
-        return value.view(getattr(torch, carrier)).numpy(), str(value.dtype).removeprefix("torch.")
-    except (TypeError, RuntimeError):
-        return None, None
-
-
-def encode(data: Any, writer: SlotWriter) -> tuple[Any, int]:
-    """Replace each array or CPU tensor of ``data`` by a :class:`Leaf` in the
-    slot (copying it in unless collate already wrote it there).
-
-    Returns the encoded tree and the bytes used, or ``(data, 0)`` when the
-    batch is small enough to travel inline.
-    """
-
-    def leaf(value: Any) -> Any:
-        is_torch, view = False, None
-        array = value if isinstance(value, np.ndarray) else None
-        if array is None:
-            array, view = _tensor_as_numpy(value)
-            is_torch = array is not None
-        if array is None or array.dtype.kind not in _PLAIN_KINDS or array.dtype.hasobject:
-            return value
-        offset = writer.offset_of(array)
-        if offset is None:
-            target = writer.allocate(array.shape, array.dtype.newbyteorder("="))
-            offset = writer.offset_of(target)
-            if offset is None:  # the slot is full: this one travels inline
-                return value
-            np.copyto(target, array, casting="unsafe")
-        return Leaf(offset, array.shape, array.dtype.newbyteorder("=").str, is_torch, view)
-
-    if writer.used < INLINE_MAX_BYTES and _small(data):
-        return data, 0
-    encoded = map_leaves(data, leaf)
-    return encoded, writer.used
-
-
-def _small(data: Any) -> bool:
-    """Whether every array outside the slot is small too (a custom collate's
-    output, which the slot has not seen yet). Stops at the first big one;
-    visits a long list of plain values without a call per value."""
-    budget = INLINE_MAX_BYTES
-    stack = [data]
-    while stack:
-        value = stack.pop()
-        kind = type(value)
-        if kind in _PLAIN_VALUES:
-            continue
-        if kind is list or kind is tuple or isinstance(value, (list, tuple)):
-            stack.extend(v for v in value if type(v) not in _PLAIN_VALUES)
-            continue
-        if isinstance(value, dict):
-            stack.extend(value.values())
-            continue
-        try:
-            nbytes = value.nbytes
-        except Exception:  # none, or none defined (sparse tensors raise)
-            continue
-        if isinstance(nbytes, int):
-            budget -= nbytes
-            if budget <= 0:
-                return False
-    return True
-
-
-#: Leaves that never hold an array: skipped without a look.
-_PLAIN_VALUES = frozenset({int, float, bool, str, bytes, complex, type(None)})
 
 
 # ----------------------------------------------------------------- main side

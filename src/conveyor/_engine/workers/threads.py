@@ -34,16 +34,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .. import rng
-from . import info as _info
-from .errors import WorkerDiedError
-from .fetch import make_fetcher
-from .info import WorkerInfo
-from .messages import Batch, Ready, Task
+from ... import rng
+from .. import info as _info
+from ..errors import WorkerDiedError
+from ..loading.fetch import make_fetcher
+from ..info import WorkerInfo
+from ..transport.messages import Batch, Ready, Task
 from .pool import STOP_GRACE_S
-from .torch_hook import when_torch_loads
-from .serving import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
-from .workers import EXITED, Sent
+from ..torch_hook import when_torch_loads
+from ..loading.serving import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
+from .protocol import EXITED, Sent
 
 
 @dataclass(eq=False)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
-from .. import collate as _collate
-from .. import rng
-from .reads import EmptyBatch, Skips, choose_reads  # noqa: F401  (EmptyBatch: the fetchers' signal)
-from ..state import _is_stateful
+from ... import collate as _collate
+from ... import rng
+from .reads import Skips, choose_reads
+from ...state import _is_stateful
 
 Allocate = _collate.Allocator
 

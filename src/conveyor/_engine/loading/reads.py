@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from traceback import format_exception
 from typing import Any, Callable, Optional, Protocol
 
-from ..dataset import fetch_many
-from . import info as _info
+from ...dataset import fetch_many
+from .. import info as _info
 
 
 class EmptyBatch(Exception):
@@ -73,7 +73,7 @@ class ReadThreads:
         return futures
 
     def _read(self, worker: Any, root: Any, key: int, index: Any) -> Any:
-        from .. import rng
+        from ... import rng
 
         sample = rng.thread_sample_random()
         sample.reset(root, key)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from traceback import format_tb
 from typing import Any, Callable, Optional
 
-from .errors import describe_indices, rebuild_exception, transport_error, worker_ended_error
-from .messages import Fatal
+from ..errors import describe_indices, rebuild_exception, transport_error, worker_ended_error
+from ..transport.messages import Fatal
 from .watchdog import late_text
-from .workers import Broken
+from ..workers.protocol import Broken
 
 
 def fatal_error(

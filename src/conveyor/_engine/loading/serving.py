@@ -32,15 +32,17 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Optional
 
-from .. import rng
-from ..collate import allocate_batch
-from .cpu import ThreadClock
-from .errors import capture_failure
-from .fetch import EmptyBatch, EndOfData, FetchSpec, StageClock, fetch_seeded
-from .messages import Batch, Exhausted, Fatal, Task, TaskFailed, pack_load_times
+from ... import rng
+from ...collate import allocate_batch
+from ..cpu import ThreadClock
+from ..errors import capture_failure
+from .fetch import EndOfData, FetchSpec, StageClock, fetch_seeded
+from .reads import EmptyBatch
+from ..transport.messages import Batch, Exhausted, Fatal, Task, TaskFailed, pack_load_times
 from .rows import RowPlacer, SlotAllocator
-from .shm import SlotWriter, encode
-from .wire import pack
+from ..transport.encoding import encode
+from ..transport.slots import SlotWriter
+from ..transport.wire import pack
 
 #: The exit code of a worker interrupted by KeyboardInterrupt (as a shell reports SIGINT).
 INTERRUPTED_EXIT_CODE = 128 + 2

@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Protocol
 
-from .messages import LoadTimes, pack_load_times, unpack_load_times
+from ..transport.messages import LoadTimes, pack_load_times, unpack_load_times
 
 
 class Lifecycle(enum.Enum):
@@ -184,6 +184,6 @@ def skipped_records(raw: Any, batch_index: int, worker: str) -> tuple:
     """The SkippedSample records of a batch's skips, as the fetcher noted them."""
     if not raw:
         return ()
-    from ..skips import SkippedSample
+    from ...skips import SkippedSample
 
     return tuple(SkippedSample(index, batch_index, worker, error, tb) for index, error, tb in raw)

@@ -24,8 +24,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .shm import SlotWriter
-from .tree import map_leaves_at
+from ..transport.slots import SlotWriter
+from ..transport.tree import map_leaves_at
 
 #: numpy dtype kinds placed in rows (what default_collate stacks as they are).
 _ROW_KINDS = "biufc"

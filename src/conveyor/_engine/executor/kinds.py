@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Optional, Sequence
 
-from .. import rng
+from ... import rng
 from .progress import IterableProgress
 
 
@@ -56,7 +56,7 @@ class MapKind:
     places_rows = True
 
     def fetcher(self, spec: Any, worker_id: int) -> Any:
-        from .fetch import MapFetcher
+        from ..loading.fetch import MapFetcher
 
         return MapFetcher(spec, worker_id)
 
@@ -87,7 +87,7 @@ class IterableKind:
     places_rows = False
 
     def fetcher(self, spec: Any, worker_id: int) -> Any:
-        from .fetch import IterableFetcher
+        from ..loading.fetch import IterableFetcher
 
         return IterableFetcher(spec, worker_id)
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-from .errors import describe_indices
+from ..errors import describe_indices
 
 
 class StallWarning(RuntimeWarning):

@@ -30,10 +30,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .fetch import make_fetcher
-from .messages import Batch, Task
-from .serving import Serving, WorkerConfig, WorkerFds
-from .workers import Sent
+from ..loading.fetch import make_fetcher
+from ..transport.messages import Batch, Task
+from ..loading.serving import Serving, WorkerConfig, WorkerFds
+from .protocol import Sent
 
 
 @dataclass(eq=False)

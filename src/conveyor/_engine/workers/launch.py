@@ -37,11 +37,11 @@ from multiprocessing import reduction
 from typing import Any, Optional
 
 
-from . import portable
-from .wire import FrameReader, FrameWriter, pack
-from .pickling import SpawnFds, dumps, starting_a_child
-from .serving import WorkerConfig
-from .worker import fork_entry, pickled_entry
+from .. import portable
+from ..transport.wire import FrameReader, FrameWriter, pack
+from ..transport.pickling import SpawnFds, dumps, starting_a_child
+from ..loading.serving import WorkerConfig
+from .process import fork_entry, pickled_entry
 
 #: Pipes get this much buffer (Linux's default pipe-max-size for unprivileged
 #: processes), so that most tasks and inline results go in one write.
@@ -280,7 +280,7 @@ def _spawn(worker_id: int, channels: Channels, shared_fds: tuple, stack_fd: Opti
     env.pop(portable.ENV_VAR, None)
     if not portable.LINUX_PATHS:
         env[portable.ENV_VAR] = "1"
-    code = "from conveyor._engine.worker import spawn_main; spawn_main()"
+    code = "from conveyor._engine.workers.process import spawn_main; spawn_main()"
     life_r, life_w = (-1, -1) if portable.pidfd_works() else portable.pipe()
     passed = (task_fd, result_fd, *shared_fds, *(fd for fd in (life_w, stderr_fd) if fd >= 0))
     try:

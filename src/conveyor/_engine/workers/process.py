@@ -38,17 +38,17 @@ import threading
 import time
 from typing import Any, Optional
 
-from .. import rng
-from . import info as _info
-from . import portable
+from ... import rng
+from .. import info as _info
+from .. import portable
 from . import stacks
-from .fetch import make_fetcher
-from .info import WorkerInfo
-from .messages import Fatal, Ready, Stop
-from .serving import INTERRUPTED_EXIT_CODE, Ending, Serving, WorkerConfig, WorkerFds, fatal_message
-from .shm import SlotWriter, StopFlag
-from .torch_hook import when_torch_loads
-from .wire import pack, read_frame, unpack, write_frame
+from ..loading.fetch import make_fetcher
+from ..info import WorkerInfo
+from ..transport.messages import Fatal, Ready, Stop
+from ..loading.serving import INTERRUPTED_EXIT_CODE, Ending, Serving, WorkerConfig, WorkerFds, fatal_message
+from ..transport.slots import SlotWriter, StopFlag
+from ..torch_hook import when_torch_loads
+from ..transport.wire import pack, read_frame, unpack, write_frame
 
 #: glibc returns freed memory above this much to the kernel; every sample a
 #: dataset makes then lands on fresh pages, which cost ~10x more to write

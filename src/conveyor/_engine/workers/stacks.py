@@ -26,7 +26,7 @@ import signal
 import time
 from typing import Optional
 
-from . import portable
+from .. import portable
 
 #: How long to wait for a worker to write its stack once asked.
 _DUMP_WAIT_S = 1.0

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .tree import map_leaves
+from ..transport.tree import map_leaves
 
 #: How often the main thread checks that the pin thread is alive while it waits.
 _POLL_S = 0.1

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from .messages import Batch, Task
+from ..transport.messages import Batch, Task
 
 
 @dataclass(frozen=True)

@@ -35,22 +35,22 @@ from functools import partial
 from time import perf_counter
 from typing import Any, Iterator, Optional
 
-from .cpu import usable_cores
-from .errors import describe_indices, live_workers_error
+from ..cpu import usable_cores
+from ..errors import describe_indices, live_workers_error
 from .results import Finished, decode, task_error, timings
 from . import failing
-from .executor import Delivered, Lifecycle, PlannedBatch, Running, Timings, skipped_records
-from .fetch import FetchSpec
-from .messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
-from .pool import WorkerPool
+from .records import Delivered, Lifecycle, PlannedBatch, Running, Timings, skipped_records
+from ..loading.fetch import FetchSpec
+from ..transport.messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
+from ..workers.pool import WorkerPool
 from .kinds import NoCopies
 from .reorder import ReorderBuffer
-from .shm import SPARE_SLOTS
-from .inline import InlineWorkers
-from .threads import ThreadWorkers
+from ..transport.slots import SPARE_SLOTS
+from ..workers.inline import InlineWorkers
+from ..workers.threads import ThreadWorkers
 from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers
-from .serving import worker_config
-from .workers import EXITED, Broken, Sent, WorkerView, Workers
+from ..loading.serving import worker_config
+from ..workers.protocol import EXITED, Broken, Sent, WorkerView, Workers
 
 
 #: Batches in flight per worker while batches are small (Workers.small_batches)

@@ -15,7 +15,6 @@ only knows how to reach them, read them and end them (workers.Workers).
 
 from __future__ import annotations
 
-import enum
 import math
 import pickle
 import select
@@ -25,15 +24,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .errors import death_error, start_death_error
+from ..errors import death_error, start_death_error
 from .launch import Channels, WorkerProcess, deliver_config, pickle_config, start_worker
-from .messages import Batch, Stop, Task
-from .pickling import check_picklable
-from .shm import INLINE_MAX_BYTES, SlotPool, StopFlag
+from ..transport.messages import Batch, Stop, Task
+from ..transport.pickling import check_picklable
+from ..transport.slots import INLINE_MAX_BYTES, SlotPool, StopFlag
 from .stacks import StackFile
-from .wire import pack
-from .serving import WorkerConfig, WorkerFds
-from .workers import EXITED, Broken, Sent
+from ..transport.wire import pack
+from ..loading.serving import WorkerConfig, WorkerFds
+from .poller import Event, Poller, fileno
+from .protocol import EXITED, Broken, Sent
 
 #: After Stop, how long workers get to finish and exit before they are killed.
 #: Short: workers hold nothing that needs a graceful end, and users wait on it.
@@ -92,66 +92,6 @@ class WorkerHandle:
         return self.stack.request(self.process.pid) if self.stack is not None else ""
 
 
-class Event(enum.Enum):
-    RESULT = "result"  # its result pipe has bytes (or closed)
-    EXIT = "exit"  # its process ended
-    WRITABLE = "writable"  # its task pipe has room for what waits
-
-
-class Poller:
-    """One ``poll`` object over the workers' descriptors, kept from wait to
-    wait: building a selector per wait, as ``multiprocessing.connection.wait``
-    does, costs more than a small batch."""
-
-    def __init__(self) -> None:
-        self._poll = select.poll()
-        self._by_fd: dict[int, tuple[WorkerHandle, Event]] = {}
-
-    @property
-    def watched(self) -> bool:
-        return any(event is not Event.WRITABLE for _, event in self._by_fd.values())
-
-    def _register(self, fd: int, worker: WorkerHandle, event: Event) -> None:
-        self._poll.register(fd, select.POLLOUT if event is Event.WRITABLE else select.POLLIN)
-        self._by_fd[fd] = (worker, event)
-
-    def _unregister(self, fd: int) -> None:
-        if self._by_fd.pop(fd, None) is not None:
-            self._poll.unregister(fd)
-
-    def watch(self, worker: WorkerHandle) -> None:
-        self._register(worker.channels.results.fd, worker, Event.RESULT)
-        self._register(_fileno(worker.process.sentinel), worker, Event.EXIT)
-        self.want_room(worker)
-
-    def want_room(self, worker: WorkerHandle) -> None:
-        """Watch its task pipe for room while bytes wait to be written."""
-        fd = worker.channels.tasks.fd
-        if worker.channels.tasks.pending and not worker.exited:
-            if fd not in self._by_fd:
-                self._register(fd, worker, Event.WRITABLE)
-        else:
-            self._unregister(fd)
-
-    def forget_results(self, worker: WorkerHandle) -> None:
-        """Its result pipe reached its end: stop polling it (it would stay readable)."""
-        self._unregister(worker.channels.results.fd)
-
-    def forget(self, worker: WorkerHandle) -> None:
-        for fd, (owner, _) in list(self._by_fd.items()):
-            if owner is worker:
-                self._unregister(fd)
-
-    def wait(self, timeout_s: Optional[float]) -> list[tuple[WorkerHandle, Event]]:
-        """(worker, event) for each ready descriptor; [] at the timeout."""
-        timeout_ms = None if timeout_s is None else max(0, math.ceil(timeout_s * 1000))
-        return [self._by_fd[fd] for fd, _ in self._poll.poll(timeout_ms) if fd in self._by_fd]
-
-
-def _fileno(handle: Any) -> int:
-    return handle if isinstance(handle, int) else handle.fileno()
-
-
 def start_workers(
     method: str,
     make_config: Callable[[int, WorkerFds, tuple], WorkerConfig],
@@ -205,7 +145,7 @@ def stop_workers(workers: list[WorkerHandle]) -> None:
         poller = select.poll()
         by_fd = {}
         for w in running:
-            for fd in (_fileno(w.process.sentinel), w.channels.results.fd):
+            for fd in (fileno(w.process.sentinel), w.channels.results.fd):
                 if fd not in ended:
                     by_fd[fd] = w
                     poller.register(fd, select.POLLIN)

@@ -12,11 +12,11 @@ import math
 from time import perf_counter
 from typing import Any, NamedTuple, Optional
 
-from ..collate import to_torch
-from .errors import add_note, batch_error, describe_indices
-from .executor import PlannedBatch, Timings, pack_delivery_times
-from .messages import Batch, TaskFailed
-from .workers import Sent, WorkerView
+from ...collate import to_torch
+from ..errors import add_note, batch_error, describe_indices
+from .records import PlannedBatch, Timings, pack_delivery_times
+from ..transport.messages import Batch, TaskFailed
+from ..workers.protocol import Sent, WorkerView
 
 
 class Finished(NamedTuple):

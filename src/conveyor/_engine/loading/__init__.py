@@ -1,0 +1,3 @@
+"""What a worker does with a task: its config and the one load function
+(serving.py), the dataset's fetcher (fetch.py) and how a map-style batch's
+samples are read (reads.py), and where collate puts them (rows.py)."""
