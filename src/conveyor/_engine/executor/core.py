@@ -305,10 +305,10 @@ class PoolExecutor:
                 self._pool.give_back(sent.slot)
                 data, error = None, None
             else:
-                data, error = decode(self._pool, worker, sent, planned, message, self.loading.to_torch)
+                data, error = decode(self._pool, worker, sent, planned, message, self.loading.to_torch and self._pool.transports)
             decoded = Finished(
                 index, worker, data, error, message.worker_state,
-                message.times, planned.sampler_s, perf_counter() - arrived_at, arrived_at,
+                message.times, planned.sampler_s, perf_counter() - arrived_at if self._pool.transports else 0.0, arrived_at,
                 skipped_records(message.skipped, index, worker.describe()), message.empty,
             )  # fmt: skip
             self._reorder.put(index, decoded)

@@ -216,10 +216,11 @@ class Serving:
         """The batch's LoadTimes, packed; its stages ended when ``clock`` says,
         and encoding now (the CPU figures are read first, inside the span)."""
         cpu_s, cpu_wait_s = self._cpu.end()
-        now = perf_counter()
         started_at, fetched_at, collated_at = clock.started_at, clock.fetched_at, clock.collated_at
+        # (inline, the batch is handed over as it is: nothing is encoded)
+        encode_s = 0.0 if self.config.place is Place.INLINE else perf_counter() - collated_at
         return pack_load_times(
-            clock.samples, started_at, fetched_at - started_at, collated_at - fetched_at, now - collated_at, cpu_s, cpu_wait_s
+            clock.samples, started_at, fetched_at - started_at, collated_at - fetched_at, encode_s, cpu_s, cpu_wait_s
         )
 
     def _failed(self, task: Task, doing: str = "") -> TaskFailed:
@@ -253,7 +254,7 @@ class Serving:
             clock = StageClock() if config.timed else None
             if clock is not None:
                 self._cpu.begin(clock.started_at)
-            allocate = _allocator(config.fetch, task, writer)
+            allocate = None if config.place is Place.INLINE else _allocator(config.fetch, task, writer)
             data = fetch_seeded(fetcher, task.indices, task.seed, allocate, clock, config.place is not Place.THREAD)
             used = size = 0
             if writer is not None:
@@ -290,7 +291,8 @@ def _allocator(spec: FetchSpec, task: Task, writer: Optional[SlotWriter]) -> Any
     """Where collate puts arrays: conveyor's own collate writes numpy leaves
     straight into the slot (samples placed row by row when it can); the main
     process converts to torch if the user asked for tensors. None for a
-    user's collate_fn."""
+    user's collate_fn (and inline, where collate_fn makes the batch as the
+    user gets it, as torch's single-process loading does)."""
     if spec.collate_into is None:
         return None
     if writer is None:

@@ -13,6 +13,8 @@ loading does it (``serving.Place.INLINE``):
   (:meth:`InlineWorkers.begin_epoch`), not at the first batch;
 * the global generators are seeded for each batch and put back after it
   (they are the training loop's);
+* ``collate_fn`` makes the batch as the user gets it (tensors from
+  conveyor.torch's collate); nothing is encoded or decoded;
 * the user's exception is raised as it is (``TaskFailed.exception``), and
   ``SystemExit`` or ``KeyboardInterrupt`` goes straight up;
 * ``get_worker_info()`` answers None and ``worker_init_fn`` is not called;
@@ -75,6 +77,8 @@ class InlineWorkers:
 
     #: A forked child of the user's process may go on with an inline iterator.
     process_bound = False
+    #: Nothing crosses: collate_fn makes the batch as the user gets it.
+    transports = False
 
     def __init__(self) -> None:
         self.workers: list[InlineHandle] = []

@@ -189,6 +189,7 @@ class WorkerPool:
 
     #: A forked child of the user's process must not use this pool's workers.
     process_bound = True
+    transports = True
 
     def start(self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int) -> None:
         """Check that what travels pickles (spawn, forkserver), make the

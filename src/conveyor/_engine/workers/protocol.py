@@ -90,6 +90,9 @@ class Workers(Protocol):
     #: Whether the workers belong to the process that started them (a
     #: forked child of it must neither use nor stop them).
     process_bound: bool
+    #: Whether a batch crosses from its worker (False inline: the batch is
+    #: made as the user gets it, tensors included, and nothing is decoded).
+    transports: bool
 
     def start(self, make_config: Callable[..., Any], num_workers: int, num_slots: int) -> None:
         """Start ``num_workers`` workers (``make_config(worker_id, fds,

@@ -92,6 +92,7 @@ class ThreadWorkers:
 
     #: A forked child of the user's process finds no thread of this pool there.
     process_bound = True
+    transports = True
 
     def __init__(self) -> None:
         self.workers: list[ThreadHandle] = []
