@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 from ... import collate as _collate
 from ... import rng
 from .reads import Skips, choose_reads
-from ...state import _is_stateful
+from ...stateful import is_stateful
 
 Allocate = _collate.Allocator
 
@@ -224,8 +224,8 @@ class IterableFetcher:
         dataset, iterator = self.spec.dataset, self._iterator
         own_iterator = iterator is dataset
         return {
-            "dataset_state": dataset.state_dict() if _is_stateful(dataset) and not own_iterator else None,
-            "iterator_state": iterator.state_dict() if iterator is not None and _is_stateful(iterator) else None,
+            "dataset_state": dataset.state_dict() if is_stateful(dataset) and not own_iterator else None,
+            "iterator_state": iterator.state_dict() if iterator is not None and is_stateful(iterator) else None,
             "iterator_ended": self.ended,
             "served": self.served,
         }

@@ -1,0 +1,126 @@
+"""What one pass over the data keeps of where it stands, for the loader's
+state: the progress record an iterator updates as batches are delivered
+(``EpochProgress``), a loaded state waiting for the next ``iter()``
+(``ResumePoint``), and how a new pass starts (``Start``). The
+``ResumeTracker`` (state.py) owns them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from .sampler import _has_position, batch_fingerprint
+from .stateful import is_stateful
+
+
+@dataclass
+class EpochProgress:
+    """What one iteration has delivered, and what replays its draws.
+
+    ``position`` is the lowest batch index not delivered yet; with
+    ``in_order=False`` batches after it may have been delivered already, and
+    ``delivered_ahead`` holds those (at most the batches in flight).
+    """
+
+    epoch: int
+    base_seed: int
+    #: The index sampler's state that replays this epoch's draw (taken when the
+    #: first batch is drawn) or, for samplers that cannot jump, its state before
+    #: the epoch; None for samplers without state.
+    sampler_state: Any
+    #: The loader's generator right after the base seed was drawn from it.
+    generator_state: Any
+    #: For an index sampler without state: what replays its draw (see
+    #: sampler.replay_point), taken before the epoch's first draw.
+    replay: Any = None
+    #: Fingerprint of the epoch's first batch of indices, to check a replay by.
+    first_batch: Optional[str] = None
+    #: Draws the iteration's first batch of indices now, if it was not yet
+    #: (set by the iterator; see loader._FirstDrawAhead).
+    draw_first: Optional[Callable[[], None]] = None
+    position: int = 0
+    delivered_ahead: set = field(default_factory=set)
+    finished: bool = False
+    #: False once its iterator has finished, been closed or been collected.
+    iterating: bool = True
+    #: Iterable dataset: where each copy stood after its last delivered
+    #: batch (one per worker, or the one in this process), as
+    #: ``Delivered.copies`` reports it; at the end, as the epoch left them.
+    copies: Any = None
+    #: Samples skip_bad_samples left out this epoch (skips.SkippedSample).
+    skipped: list = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        """Batches delivered so far in this epoch."""
+        return self.position + len(self.delivered_ahead)
+
+    def __getstate__(self) -> dict:
+        # A pickled loader (spawn workers get one) keeps the record, not the live iteration.
+        return {**self.__dict__, "draw_first": None}
+
+    def delivered(self, index: int) -> None:
+        """Batch ``index`` reached the user (or raised there)."""
+        if index == self.position:
+            self.position += 1
+            ahead = self.delivered_ahead
+            while ahead and self.position in ahead:
+                ahead.discard(self.position)
+                self.position += 1
+        elif index > self.position:
+            self.delivered_ahead.add(index)
+
+    def note_first_draw(self, index_sampler: Any, batch: Any, *, first: bool) -> None:
+        """The first batch of indices drawn by this iteration (``first``:
+        and the epoch's first batch): keep its fingerprint, and the state that
+        replays this epoch's draw if the sampler can jump to a batch."""
+        if first and self.first_batch is None:
+            self.first_batch = batch_fingerprint(batch)
+        if is_stateful(index_sampler):
+            state = index_sampler.state_dict()
+            if _has_position(state):
+                self.sampler_state = state
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where the next ``iter(loader)`` starts inside an epoch.
+
+    The plan starts at batch ``position`` and leaves out
+    ``delivered_ahead``; a sampler that cannot jump draws and drops
+    ``sampler_skip`` batches first. An iterable dataset's copies continue
+    from ``copies``.
+    """
+
+    state: Mapping[str, Any]
+    epoch: int
+    base_seed: int
+    position: int
+    delivered_ahead: frozenset
+    sampler_state: Any
+    generator_state: Any
+    sampler_skip: int
+    copies: Any = None
+    replay: Any = None
+    first_batch: Optional[str] = None
+    #: Samples skip_bad_samples left out so far this epoch (skips.SkippedSample).
+    skipped: tuple = ()
+
+    @property
+    def count(self) -> int:
+        return self.position + len(self.delivered_ahead)
+
+
+@dataclass(frozen=True)
+class Start:
+    """How a new iteration starts: its epoch and base seed, the progress
+    record it updates, the resume point it continues (if any), and where an
+    iterable dataset's copies begin (None: fresh)."""
+
+    epoch: int
+    base_seed: int
+    progress: EpochProgress
+    resume: Optional[ResumePoint]
+    copies: Any

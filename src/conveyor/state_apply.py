@@ -1,0 +1,118 @@
+"""Loading a checked state into a loader's parts (its sampler, its
+generator, its dataset), undone if one of them refuses, and the small
+helpers the tracker (state.py) shares with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import rng
+from .sampler import _has_position, replay_point, restore_replay_point
+from .state_format import LoaderView
+from .stateful import is_stateful
+
+
+def positioned(sampler_state: Any, position: int) -> Any:
+    """``sampler_state`` moved to batch ``position`` of its iteration."""
+    if _has_position(sampler_state) and sampler_state["in_iteration"]:
+        return {**sampler_state, "position": position}
+    return sampler_state
+
+
+def generator_source(view: LoaderView) -> Any:
+    generator = view.generator
+    if isinstance(generator, np.random.Generator) or rng.is_torch_generator(generator):
+        return rng.source_for(generator, view.flavor)
+    return None  # None, or an int seed: nothing that moves
+
+
+def generator_state(view: LoaderView) -> Any:
+    source = generator_source(view)
+    return None if source is None else source.get_state()
+
+
+def restore_generator(view: LoaderView, generator_state: Any) -> None:
+    source = generator_source(view)
+    if source is not None and generator_state is not None:
+        source.set_state(generator_state)
+
+
+def next_epoch_start(copies: Any) -> Any:
+    """Copies saved between epochs, as the start of the next epoch: each
+    copy's dataset state, a new iteration, every worker active."""
+    if copies is None:
+        return None
+    states = [
+        None if st is None else {"dataset_state": st.get("dataset_state"), "iterator_state": None,
+                                 "iterator_ended": False, "served": 0}
+        for st in copies["states"]
+    ]
+    return {"states": states, "retired": [], "next": 0}
+
+
+def warn_fast_forward(view: LoaderView, epoch: int, copies: Any) -> None:
+    """Say so when copies without state will read their items again."""
+    if copies is None:
+        return
+    batches = sum(
+        int(st.get("served", 0))
+        for st in copies["states"]
+        if st is not None and st.get("dataset_state") is None and st.get("iterator_state") is None
+        and not st.get("iterator_ended")
+    )
+    if batches:
+        warnings.warn(
+            f"{type(view.dataset).__name__} (and its iterator) has no state_dict/load_state_dict: to resume "
+            f"epoch {epoch}, the next iteration reads again, without collating or sending them, the items of "
+            f"the {batches} batches already served. Give the dataset or its iterator "
+            f"state_dict/load_state_dict to resume without re-reading.",
+            stacklevel=5,
+        )
+
+
+def apply_parts(view: LoaderView, state: Mapping[str, Any], replays: bool) -> None:
+    """Load the state's parts into the sampler, the generator and the
+    dataset. An iterable dataset's index sampler repeats one placeholder
+    batch: where it stood changes nothing, so nothing is loaded into it
+    (its saved position is kept for the next save; see ResumePoint)."""
+    sampler = view.index_sampler
+    if not view.iterable:
+        if state["sampler"] is not None and is_stateful(sampler):
+            sampler.load_state_dict(state["sampler"])
+        if replays:
+            restore_replay_point(sampler, state["replay"], view.flavor)
+    restore_generator(view, state["generator_state"])
+    if state["dataset_state"] is not None and is_stateful(view.dataset):
+        try:
+            view.dataset.load_state_dict(state["dataset_state"])
+        except Exception as exc:
+            exc.add_note(
+                f"(conveyor: raised by {type(view.dataset).__name__}.load_state_dict, loading the state's "
+                f"'dataset_state' given to DataLoader.load_state_dict; the loader is left as it was)"
+            )
+            raise
+
+
+@contextlib.contextmanager
+def undone_on_failure(view: LoaderView, loads_dataset: bool) -> Iterator[None]:
+    """Put the sampler, the generator and (when ``loads_dataset``) the
+    dataset back as they were if the block raises (a sampler or dataset
+    refusing its part of the state)."""
+    sampler, dataset = view.index_sampler, view.dataset
+    sampler_before = replay_point(sampler, view.flavor)
+    generator_before = generator_state(view)
+    dataset_before = dataset.state_dict() if loads_dataset and is_stateful(dataset) else None
+    try:
+        yield
+    except BaseException:
+        restore_replay_point(sampler, sampler_before, view.flavor)
+        restore_generator(view, generator_before)
+        if dataset_before is not None:
+            dataset.load_state_dict(dataset_before)
+        raise
