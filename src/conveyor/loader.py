@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import sys
 import warnings
 import weakref
 from time import perf_counter
@@ -33,6 +32,8 @@ from . import sampler as _sampler
 from . import state as _state
 from . import stats as _stats
 from .iteration import LoaderIterator
+from ._engine.executor.pin import pinning
+from .skips import epoch_samples
 from .plan import Delivering, Plan, Sampling
 from ._engine.cpu import usable_cores
 from ._engine.executor.records import Running
@@ -399,7 +400,7 @@ class DataLoader(Generic[T_co]):
             expected_length=self._IterableDataset_len_called,
             stats=self._stats,
             skip_budget=self.skip_bad_samples,
-            epoch_samples=self._epoch_samples() if self.skip_bad_samples is not None else None,
+            epoch_samples=epoch_samples(self.sampler, self.batch_sampler, self.dataset) if self.skip_bad_samples is not None else None,
         )
         return Plan(loading, running, sampling, delivering)
 
@@ -426,59 +427,19 @@ class DataLoader(Generic[T_co]):
     def __iter__(self) -> LoaderIterator:
         started_at = perf_counter()
         plan = self._plan()
-        if plan.delivering.pin:
-            plan = dataclasses.replace(plan, delivering=dataclasses.replace(plan.delivering, pin=self._warn_pin_memory()))
+        if plan.delivering.pin:  # (whether it can be done, said once per pass, as torch says it)
+            pins = pinning(self.pin_memory_device)
+            plan = dataclasses.replace(plan, delivering=dataclasses.replace(plan.delivering, pin=pins))
         start = self._tracker.begin(_state.LoaderView.of(plan))  # the base seed is drawn before the sampler draws, as torch
         indices = iter(plan.sampling.index_sampler)
         executor, owned = self._executor_for(plan, start.base_seed)
         return LoaderIterator(self, executor, owned, start, indices, plan, started_at)
-
-    def _epoch_samples(self) -> Optional[int]:
-        """Samples an epoch draws (what skip_bad_samples' fraction is of):
-        the sampler's when it feeds the batches, else the dataset's length."""
-        feeds = self.batch_sampler is None or getattr(self.batch_sampler, "sampler", None) is self.sampler
-        try:
-            return len(self.sampler) if feeds else len(self.dataset)
-        except TypeError:
-            return None
-
-    def _warn_pin_memory(self) -> bool:
-        """Whether batches will be pinned; warns once per iterator, as torch
-        does, when ``pin_memory_device`` is given (deprecated: the current
-        accelerator is used) or when there is no accelerator to pin for."""
-        if not self.pin_memory:
-            return False
-        if self.pin_memory_device:
-            warnings.warn(
-                "pin_memory_device is deprecated, the current accelerator will be used as the device,"
-                f"ignore pin_memory_device='{self.pin_memory_device}'.",
-                stacklevel=3,
-            )
-        if not _accelerator_available():
-            warnings.warn(
-                "'pin_memory' argument is set as true but no accelerator is found, then device pinned "
-                "memory won't be used.",
-                stacklevel=3,
-            )
-            return False
-        return True
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(dataset={type(self.dataset).__name__}, batch_size={self.batch_size}, "
             f"num_workers={self.num_workers})"
         )
-
-
-def _accelerator_available() -> bool:
-    """Whether torch (if loaded) sees an accelerator to pin memory for."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None:
-        return bool(accelerator.is_available())
-    return bool(torch.cuda.is_available())
 
 
 def _started(executor: PoolExecutor) -> PoolExecutor:

@@ -145,3 +145,14 @@ class SkipLedger:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def epoch_samples(sampler: Any, batch_sampler: Any, dataset: Any) -> Optional[int]:
+    """Samples an epoch draws (what a budget's fraction is of): the
+    sampler's when it feeds the batches, else the dataset's length; None
+    when neither has a length."""
+    feeds = batch_sampler is None or getattr(batch_sampler, "sampler", None) is sampler
+    try:
+        return len(sampler) if feeds else len(dataset)
+    except TypeError:
+        return None

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import enum
 import queue
+import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -106,3 +108,35 @@ class PinThread:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(_JOIN_TIMEOUT_S)
+
+
+def pinning(pin_memory_device: str) -> bool:
+    """Whether batches asked to be pinned will be (``pin_memory=True``):
+    warns, as torch does once per iterator, when ``pin_memory_device`` is
+    given (deprecated: the current accelerator is used) or when there is no
+    accelerator to pin for (then nothing is pinned)."""
+    if pin_memory_device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
+            f"ignore pin_memory_device='{pin_memory_device}'.",
+            stacklevel=3,
+        )
+    if not accelerator_available():
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, then device pinned "
+            "memory won't be used.",
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def accelerator_available() -> bool:
+    """Whether torch (if loaded) sees an accelerator to pin memory for."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return bool(torch.cuda.is_available())
