@@ -20,17 +20,11 @@ except ImportError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Modules being reshaped under issue 22 (one engine, one plan, one state):
-#: pyproject.toml's override with ignore_errors keeps their own errors out
-#: of the report until the reshaping lands; then they are checked like the
-#: rest, and this list and that override go.
+#: Modules still being written (conveyor.images, issue 23): pyproject.toml's
+#: override with ignore_errors keeps their own errors out of the report
+#: until they land; then they are checked like the rest, and this list and
+#: that override go. Nothing else may be left out.
 RESHAPING = [
-    "conveyor._engine.*",
-    "conveyor.loader",
-    "conveyor.iteration",
-    "conveyor.state",
-    "conveyor.state_format",
-    "conveyor.state_checks",
     "conveyor.images.*",
 ]
 

@@ -3,7 +3,7 @@
     iter(loader) ──▶ LoaderIterator(start, index sampler's batches, the loader's plan)
         plan:      replay (a resumed sampler that cannot jump) ──▶ _FirstDrawAhead
                    ──▶ _plan: PlannedBatch(index, indices, seed) for each batch
-        executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(index, data | error, copies, timings, skipped)
+        executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(batch_index, data | error, copies, timings, skipped)
         delivery:  skipped samples ──▶ SkipLedger (skip_bad_samples: log, stats, budget);
                    a batch whose every sample was skipped ──▶ the next one
                    [pin thread] ──▶ stats.batch (StatsRecorder) ──▶ progress.delivered(index)
@@ -118,12 +118,12 @@ class LoaderIterator:
                 self._account_skips(delivered.skipped)
             if not delivered.empty:
                 break
-            self._progress.delivered(delivered.index)  # (every sample skipped: nothing to give)
+            self._progress.delivered(delivered.batch_index)  # (every sample skipped: nothing to give)
         if self._pin_inline:
             delivered = _pin_delivered(delivered)
         if self._stats is not None:
             self._stats.batch(self._pass_id, delivered, called_at, perf_counter())
-        self._progress.delivered(delivered.index)
+        self._progress.delivered(delivered.batch_index)
         if delivered.copies is not None:
             self._progress.copies = delivered.copies
         if delivered.error is not None:
@@ -137,6 +137,8 @@ class LoaderIterator:
         budget (over it: the pass ends, with every skip in the error)."""
         if self._stats is not None:
             self._stats.skipped(records)
+        if self._skips is None:  # (no budget: a skipped sample cannot happen)
+            return
         try:
             self._skips.add(records)
         except BadSampleBudgetExceeded:
@@ -165,7 +167,7 @@ class LoaderIterator:
     def __len__(self) -> int:
         return len(self._loader)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict:
         raise TypeError(f"{type(self).__name__} cannot be pickled; save loader.state_dict() instead")
 
 
@@ -209,6 +211,7 @@ class _FirstDrawAhead:
 
     def _draw(self) -> None:
         on_first, self._on_first = self._on_first, None
+        assert on_first is not None  # (drawn once)
         for batch in self._batches:
             self._ahead.append(batch)
             on_first(batch)

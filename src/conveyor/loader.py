@@ -183,7 +183,7 @@ class DataLoader(Generic[T_co]):
             else:
                 sampler = self._SequentialSampler(dataset)
         if batch_size is not None and batch_sampler is None:
-            batch_sampler = self._BatchSampler(sampler, batch_size, drop_last)
+            batch_sampler = self._BatchSampler(sampler, batch_size, drop_last)  # type: ignore[arg-type]  # (any iterable of indices, as torch's)
 
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -200,7 +200,7 @@ class DataLoader(Generic[T_co]):
         self._tracker = _state.ResumeTracker()
         #: Every batch's timings (conveyor.stats); None when collect_stats=False.
         self._stats = _stats.StatsRecorder(num_workers) if collect_stats else None
-        if progress:
+        if progress and self._stats is not None:  # (progress needs collect_stats: checked above)
             self._stats.add_listener(_stats.ProgressBar())
         self.__initialized = True
         _args.warn_worker_count(num_workers, worker_method, usable_cores())
@@ -230,8 +230,10 @@ class DataLoader(Generic[T_co]):
         return self.batch_sampler is not None
 
     @property
-    def _index_sampler(self) -> Iterable:
-        return self.batch_sampler if self._auto_collation else self.sampler
+    def _index_sampler(self) -> Any:
+        """What gives a pass its batches of indices: the batch sampler, or the
+        sampler with batching off (any iterable of indices, as torch takes)."""
+        return self.batch_sampler if self.batch_sampler is not None else self.sampler
 
     def __len__(self) -> int:
         if self._iterable:
@@ -251,7 +253,7 @@ class DataLoader(Generic[T_co]):
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         dropped = self._tracker.set_epoch(epoch, type(self).__name__)
         # The index sampler (a BatchSampler passes it on to its sampler).
-        target = self.batch_sampler if hasattr(self.batch_sampler, "set_epoch") else self.sampler
+        target: Any = self.batch_sampler if hasattr(self.batch_sampler, "set_epoch") else self.sampler
         if hasattr(target, "set_epoch"):
             with warnings.catch_warnings():
                 if dropped:
@@ -376,7 +378,7 @@ class DataLoader(Generic[T_co]):
             workers=1 if inline else self.num_workers,
             num_workers=self.num_workers,
             method="inline" if inline else self._start_method(),
-            prefetch_factor=1 if inline else self.prefetch_factor,
+            prefetch_factor=1 if inline or self.prefetch_factor is None else self.prefetch_factor,
             deepen_small=not (inline or self._prefetch_given),
             in_order=self.in_order,
             timeout_s=0 if inline else self.timeout,

@@ -156,7 +156,7 @@ class ResumeTracker:
         one was dropped."""
         resume = self._resume
         dropped = resume is not None and resume.epoch != epoch
-        if dropped:
+        if resume is not None and dropped:
             warnings.warn(
                 f"{owner}.set_epoch({epoch}) drops the resume point loaded by load_state_dict "
                 f"(epoch {resume.epoch}, {resume.count} batches delivered); call set_epoch({resume.epoch}) to "

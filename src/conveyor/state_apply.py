@@ -15,6 +15,7 @@ import numpy as np
 from . import rng
 from .sampler import _has_position, replay_point, restore_replay_point
 from .state_format import LoaderView
+from ._engine.errors import add_note
 from .stateful import is_stateful
 
 
@@ -92,9 +93,10 @@ def apply_parts(view: LoaderView, state: Mapping[str, Any], replays: bool) -> No
         try:
             view.dataset.load_state_dict(state["dataset_state"])
         except Exception as exc:
-            exc.add_note(
+            add_note(
+                exc,
                 f"(conveyor: raised by {type(view.dataset).__name__}.load_state_dict, loading the state's "
-                f"'dataset_state' given to DataLoader.load_state_dict; the loader is left as it was)"
+                f"'dataset_state' given to DataLoader.load_state_dict; the loader is left as it was)",
             )
             raise
 

@@ -48,8 +48,8 @@ def _is_int(value: Any, low: int = 0, high: Optional[int] = None) -> bool:
     return (
         isinstance(value, numbers.Integral)
         and not isinstance(value, bool)
-        and value >= low
-        and (high is None or value < high)
+        and int(value) >= low
+        and (high is None or int(value) < high)
     )
 
 

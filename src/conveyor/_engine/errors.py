@@ -76,14 +76,15 @@ def capture_failure(worker_id: Optional[int], where: str) -> Failure:
     type name and traceback text get through."""
     exc_type, exc, tb = sys.exc_info()
     text = _safe(lambda: "".join(traceback.format_exception(exc_type, exc, tb)), "")
+    type_name = _safe(lambda: exc_type.__qualname__ if exc_type is not None else "Exception", "Exception")
     if not text:
-        text = f"Traceback unavailable (printing it failed)\n{exc_type.__qualname__}\n"
+        text = f"Traceback unavailable (printing it failed)\n{type_name}\n"
     exception_bytes = _pickled_if_it_travels(exc)
     return Failure(
         worker_id=worker_id,
         pid=os.getpid(),
         where=where,
-        exc_type_name=_safe(lambda: exc_type.__qualname__, "Exception"),
+        exc_type_name=type_name,
         traceback_text=text,
         exception_bytes=exception_bytes,
         type_bytes=None if exception_bytes is not None else _pickled_if_it_travels(exc_type),
@@ -229,7 +230,7 @@ def worker_ended_error(fatal: Fatal, pid: int) -> Optional[WorkerDiedError]:
         f"{failure.exc_type_name} was raised {failure.where} {doing} (conveyor: worker {fatal.worker_id}).\n"
         f"Original {failure.traceback_text}"
     )
-    error.exit_code = fatal.exit_code
+    error.exit_code = fatal.exit_code  # type: ignore[attr-defined]  # (for callers that read it, as torch's)
     error.__cause__ = rebuild_exception(failure)
     return error
 

@@ -35,7 +35,7 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
             run_module(module)
             callback(module)
 
-        spec.loader.exec_module = exec_module
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # (wrapped on this one loader, for this one module)
         return spec
 
 

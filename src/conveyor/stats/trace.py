@@ -46,7 +46,7 @@ class ChromeTrace:
 
     def batch(self, delivered: Any, called_at: float, returned_at: float) -> None:
         """One delivered batch: ``next()`` was called at ``called_at`` and returned at ``returned_at``."""
-        index, timings, main = delivered.index, delivered.timings, self._pid
+        index, timings, main = delivered.batch_index, delivered.timings, self._pid
         self._span("wait (next)", main, _LOOP_TID, called_at, returned_at - called_at, index)
         if timings is None:
             return

@@ -33,7 +33,7 @@ import time
 import warnings
 from functools import partial
 from time import perf_counter
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NoReturn, Optional
 
 from ..cpu import usable_cores
 from ..errors import describe_indices, live_workers_error
@@ -203,7 +203,7 @@ class PoolExecutor:
     def _delivered(self, finished: Finished) -> Delivered:
         self._progress.delivered(finished.worker.id, finished.worker_state)
         return Delivered(
-            finished.index, finished.data, finished.error, self._progress.snapshot(), self._timings(finished),
+            finished.batch_index, finished.data, finished.error, self._progress.snapshot(), self._timings(finished),
             finished.skipped, finished.empty,
         )  # fmt: skip
 
@@ -348,7 +348,7 @@ class PoolExecutor:
         what = self._what(sent.batch_index) if sent is not None and sent.batch_index in self._pending else None
         self._fail(self._pool.exit_error(worker, None if starting else what, starting))
 
-    def _break(self, broken: Broken) -> None:
+    def _break(self, broken: Broken) -> NoReturn:
         """A message could not cross between this process and a worker."""
         self._fail(failing.broken_error(broken, self._epoch_id, self._what))
 
@@ -359,7 +359,7 @@ class PoolExecutor:
         planned = self._pending.get(batch_index)
         return f"batch {batch_index}" + (f" ({describe_indices(planned.indices)})" if planned is not None else "")
 
-    def _fail(self, error: BaseException) -> None:
+    def _fail(self, error: BaseException) -> NoReturn:
         """The one failure path: remember, stop everything, raise; later
         calls raise the same error."""
         self._error = error
@@ -371,7 +371,7 @@ class PoolExecutor:
     def broken(self) -> bool:
         return self._error is not None
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         """Refused, naming the workers: a loader that keeps its workers
         (persistent_workers=True) cannot be pickled or deep-copied with them."""
         raise live_workers_error([worker.describe() for worker in self._workers], self.running.threads)
@@ -380,11 +380,13 @@ class PoolExecutor:
         """A copy of the stored error to raise. The stored one is never raised
         itself: a traceback on it would hold the frames (iterator, loader)
         of the call that raised it, and the executor would keep them alive."""
+        stored = self._error
+        assert stored is not None  # (asked only once broken)
         try:
-            error = copy.copy(self._error)
+            error = copy.copy(stored)
         except Exception:
-            return self._error
-        error.__cause__ = self._error.__cause__
+            return stored
+        error.__cause__ = stored.__cause__
         return error
 
     def _raise_if_unusable(self) -> None:

@@ -1,7 +1,7 @@
 """What the loader's iterator and the executor exchange: the planned batch,
 the delivered one and its timings, and the executor's protocol.
 
-    loader iterator ──begin_epoch(plan of PlannedBatch)──▶ Executor ──next_batch()──▶ Delivered(index, data | error, copies, timings)
+    loader iterator ──begin_epoch(plan of PlannedBatch)──▶ Executor ──next_batch()──▶ Delivered(batch_index, data | error, copies, timings)
 
 The one executor (pool_executor.py) runs every batch through one
 ``Workers`` implementation: inline (``num_workers=0``, inline.py), worker
@@ -146,7 +146,7 @@ class Delivered(NamedTuple):
     each copy stood as of this batch (one per worker, or the one of
     ``num_workers=0``; a plain dict, see progress.py)."""
 
-    index: int
+    batch_index: int
     data: Any = None
     error: Optional[BaseException] = None
     copies: Optional[dict] = None

@@ -23,7 +23,7 @@ class Finished(NamedTuple):
     """A batch back from a worker, waiting for its turn (a named tuple: one
     is made per batch, and a tuple is the cheapest record Python builds)."""
 
-    index: int
+    batch_index: int
     worker: WorkerView
     data: Any = None
     error: Optional[BaseException] = None
@@ -71,6 +71,7 @@ def timings(finished: Finished, ready_s: Optional[float], slots_in_use: int) -> 
     (sampler, decode, its wait for its turn and the loop, ``ready_s`` on
     the first batch after the workers started)."""
     arrived_at = finished.arrived_at
+    assert finished.times is not None  # (timed batches only)
     delivery = pack_delivery_times(
         finished.sampler_s, finished.decode_s, perf_counter() - arrived_at, 0.0, arrived_at,
         math.nan if ready_s is None else ready_s, *finished.worker.timing_ids, slots_in_use,

@@ -63,10 +63,10 @@ class StallWatchdog:
     def wait_s(self, deadline: Optional[float]) -> Optional[float]:
         """How long the executor may wait now: until the warning is due or
         the ``deadline`` (a time.monotonic() reading) passes; None: no limit."""
-        waits = [self.remaining_s()]
-        if deadline is not None:
-            waits.append(max(0.0, deadline - time.monotonic()))
-        waits = [w for w in waits if w is not None]
+        waits = [max(0.0, deadline - time.monotonic())] if deadline is not None else []
+        remaining = self.remaining_s()
+        if remaining is not None:
+            waits.append(remaining)
         return min(waits) if waits else None
 
     def due(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from ... import collate as _collate
 from ... import rng
+from ..errors import add_note
 from .reads import Skips, choose_reads
 from ...stateful import is_stateful
 
@@ -146,8 +147,11 @@ class IterableFetcher:
     def __init__(self, spec: FetchSpec, worker_id: int = 0):
         self.spec = spec
         self.worker_id = worker_id
-        self._iterator: Optional[Iterator[Any]] = None
+        self._iterator: Iterator[Any] = iter(())  # (none yet: begin_epoch makes it)
+        self._begun = False
         self.ended = False
+        #: Items per batch: batch_size, or 1 with batching off.
+        self._per_batch = spec.batch_size if spec.auto_collation and spec.batch_size else 1
         #: Never skips (skip_bad_samples is for map-style datasets): always empty.
         self.skipped: list = []
         #: Batches this process's copy has been asked for this epoch.
@@ -168,7 +172,7 @@ class IterableFetcher:
         the dataset's ``__iter__`` or ``load_state_dict`` raises, this copy
         has no data this epoch (as a generator that raised)."""
         dataset = self.spec.dataset
-        self._iterator = None
+        self._iterator, self._begun = iter(()), False
         self.ended = True
         self.served = 0
         if restore is not None and restore.get("dataset_state") is not None:
@@ -185,14 +189,14 @@ class IterableFetcher:
                 )
             with self._loading("iterator_state", iterator):
                 iterator.load_state_dict(restore["iterator_state"])
-        self._iterator = iterator
+        self._iterator, self._begun = iterator, True
         self.ended = False
         if restore is None:
             return
         self.ended = bool(restore.get("iterator_ended"))
         self.served = int(restore.get("served", 0))
         if restore.get("dataset_state") is None and restore.get("iterator_state") is None and not self.ended:
-            self._skip_items(self.served * (self.spec.batch_size if self.spec.auto_collation else 1))
+            self._skip_items(self.served * self._per_batch)
 
     @contextlib.contextmanager
     def _loading(self, key: str, owner: Any) -> Iterator[None]:
@@ -200,9 +204,10 @@ class IterableFetcher:
         try:
             yield
         except Exception as exc:
-            exc.add_note(
+            add_note(
+                exc,
                 f"(conveyor: raised by {type(owner).__name__}.load_state_dict, loading the state's "
-                f"'copies.states[{self.worker_id}].{key}' given to DataLoader.load_state_dict)"
+                f"'copies.states[{self.worker_id}].{key}' given to DataLoader.load_state_dict)",
             )
             raise
 
@@ -225,14 +230,14 @@ class IterableFetcher:
         own_iterator = iterator is dataset
         return {
             "dataset_state": dataset.state_dict() if is_stateful(dataset) and not own_iterator else None,
-            "iterator_state": iterator.state_dict() if iterator is not None and is_stateful(iterator) else None,
+            "iterator_state": iterator.state_dict() if self._begun and is_stateful(iterator) else None,
             "iterator_ended": self.ended,
             "served": self.served,
         }
 
     def fetch(self, indices: Any, allocate: Optional[Allocate] = None, clock: Optional[StageClock] = None) -> Any:
         spec = self.spec
-        if self._iterator is None and not self.ended:
+        if not self._begun and not self.ended:
             self.begin_epoch()
         self.served += 1
         if self.ended:
@@ -247,7 +252,7 @@ class IterableFetcher:
             return _collate_timed(spec, item, 1, allocate, clock)
         samples = []
         sample = rng.thread_sample_random()
-        for k in range(spec.batch_size):
+        for k in range(self._per_batch):
             sample.at(k)
             try:
                 samples.append(next(self._iterator))
@@ -255,7 +260,7 @@ class IterableFetcher:
                 self.ended = True
                 break
         sample.at(-1)
-        if not samples or (spec.drop_last and len(samples) < spec.batch_size):
+        if not samples or (spec.drop_last and len(samples) < self._per_batch):
             raise EndOfData
         return _collate_timed(spec, samples, len(samples), allocate, clock)
 
@@ -276,7 +281,7 @@ def make_fetcher(spec: FetchSpec, worker_id: int = 0) -> Any:
 
 
 def fetch_seeded(
-    fetcher,
+    fetcher: Any,
     indices: Any,
     seed: Optional[int],
     allocate: Optional[Allocate] = None,

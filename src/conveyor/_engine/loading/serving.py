@@ -30,7 +30,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from ... import rng
 from ...collate import allocate_batch
@@ -245,6 +245,7 @@ class Serving:
 
     def _load(self, task: Task, writer: Optional[SlotWriter]) -> Any:
         config, fetcher, wid = self.config, self.fetcher, self.config.worker_id
+        message: Union[Batch, Exhausted]
         try:
             if task.epoch_id != self._epoch_id:
                 self._epoch_id = task.epoch_id

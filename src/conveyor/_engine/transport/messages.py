@@ -27,7 +27,8 @@ class Task:
 
     epoch_id: int
     batch_index: int
-    seed: int
+    #: The batch's seed (an iterable's: the epoch's base seed); None: the generators are left alone.
+    seed: Optional[int]
     indices: Any
     #: Which shared-memory slot of the pool to write the batch into;
     #: None: send it inline (no slot free, or shared memory is off).

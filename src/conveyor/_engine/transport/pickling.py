@@ -61,7 +61,8 @@ class _WorkerPickler(cloudpickle.CloudPickler):
     or a lambda) with the reducers multiprocessing registers for its own
     objects (the shared memory of a Value, connections, sockets)."""
 
-    dispatch_table = ChainMap(ForkingPickler._extra_reducers, cloudpickle.CloudPickler.dispatch_table)
+    # (multiprocessing keeps its reducers in a private table: the one place they are)
+    dispatch_table = ChainMap(ForkingPickler._extra_reducers, cloudpickle.CloudPickler.dispatch_table)  # type: ignore[attr-defined]
 
 
 def dumps(obj: Any) -> bytes:

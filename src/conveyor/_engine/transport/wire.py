@@ -196,6 +196,7 @@ class FrameReader:
     def _fill_body(self) -> bool:
         """Read into the large frame; True once it is complete."""
         body = self._body
+        assert body is not None  # (called while a large frame is being read)
         view = memoryview(body)
         while self._filled < len(body):
             try:
@@ -221,4 +222,5 @@ class FrameReader:
 
     def _take_body(self) -> bytearray:
         body, self._body, self._filled = self._body, None, 0
+        assert body is not None
         return body

@@ -158,7 +158,7 @@ class _PassedFd:
     def __init__(self, fd: int):
         self.fd = fd
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         return _rebuild_fd, (reduction.DupFd(self.fd),)
 
 
@@ -191,10 +191,10 @@ def start_worker(
         )
         proc.start()
         _mp_workers.add(proc)
-        return WorkerProcess(proc.pid, proc.sentinel, proc)
+        return _started(proc)
     if method == "forkserver":
-        ctx = multiprocessing.get_context("forkserver")
-        proc = ctx.Process(
+        server = multiprocessing.get_context("forkserver")
+        served = server.Process(
             target=_forkserver_entry,
             args=(
                 # First: the child finds it among its inherited descriptors before it runs anything of ours.
@@ -209,14 +209,20 @@ def start_worker(
             name=f"conveyor-worker-{config.worker_id}",
             daemon=True,
         )
-        proc.start()
-        _mp_workers.add(proc)
-        return WorkerProcess(proc.pid, proc.sentinel, proc)
+        served.start()
+        _mp_workers.add(served)
+        return _started(served)
     if method == "spawn":
         shared = tuple(fd for fd in config.fds.as_tuple() if fd >= 0)
         payload_only = tuple(fd for fd in payload_fds if fd not in shared)
         return _spawn(config.worker_id, channels, shared + payload_only, config.fds.stack)
     raise ValueError(f"unknown start method {method!r}; expected one of {START_METHODS}")
+
+
+def _started(proc: Any) -> WorkerProcess:
+    """A multiprocessing Process just started, as a WorkerProcess."""
+    assert proc.pid is not None  # (started: it has one)
+    return WorkerProcess(proc.pid, proc.sentinel, proc)
 
 
 def _forkserver_entry(stack_fd: int, linux_paths: bool, *args: Any) -> None:
@@ -318,6 +324,7 @@ def deliver_config(method: str, channels: Channels, payload: Optional[bytes]) ->
     """
     if method != "spawn":
         return
+    assert payload is not None  # (spawn: the config travels pickled)
     channels.tasks.put(pack({"sys_path": list(sys.path)}))
     channels.tasks.put(payload)
 

@@ -322,6 +322,7 @@ class WorkerPool:
         if sent.slot is None or message.used == 0:
             self.give_back(sent.slot)
             return message.data
+        assert self.slots is not None  # (a slot was lent: there are slots)
         try:
             return self.slots.decode(message.data, sent.slot, message.slot_size, message.used)
         except Exception as exc:

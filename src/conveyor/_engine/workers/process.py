@@ -80,8 +80,9 @@ def _set_worker_info(config: WorkerConfig) -> None:
             from torch.utils.data._utils import worker as torch_worker
 
             fields = dict(id=config.worker_id, num_workers=config.num_workers, seed=config.seed, dataset=config.fetch.dataset)
+            current = _info.current
             try:
-                torch_worker._worker_info = torch_worker.WorkerInfo(**fields, rng=_info.current.rng)
+                torch_worker._worker_info = torch_worker.WorkerInfo(**fields, rng=current.rng if current is not None else None)
             except TypeError:  # (a torch whose WorkerInfo has no rng field)
                 torch_worker._worker_info = torch_worker.WorkerInfo(**fields)
         except Exception:  # an unusual torch build: conveyor's own answer still works
@@ -225,10 +226,11 @@ def _release_forkserver_alive_fd() -> None:
     try:
         from multiprocessing import forkserver
 
-        fd = forkserver._forkserver._forkserver_alive_fd
+        server: Any = forkserver._forkserver  # (multiprocessing's own, private: the one place that fd is)
+        fd = server._forkserver_alive_fd
         if fd is not None:
             os.close(fd)
-            forkserver._forkserver._forkserver_alive_fd = None
+            server._forkserver_alive_fd = None
     except (AttributeError, OSError):
         pass
 

@@ -83,7 +83,8 @@ class ThreadHandle:
 
     def stack_text(self) -> str:
         """Its Python stack now."""
-        frame = sys._current_frames().get(self.thread.ident) if self.thread is not None else None
+        ident = self.thread.ident if self.thread is not None else None
+        frame = sys._current_frames().get(ident) if ident is not None else None
         return "".join(traceback.format_stack(frame)) if frame is not None else ""
 
 
