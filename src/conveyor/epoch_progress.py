@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .sampler import _has_position, batch_fingerprint
+from .sampler.replay import batch_fingerprint
+from .sampler.resumable import _has_position
 from .stateful import is_stateful
 
 

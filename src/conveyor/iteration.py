@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Optional
 from ._engine.executor.records import Delivered, Executor, PlannedBatch
 from ._engine.executor.pin import PinThread, pin_tree
 from .plan import Plan
-from .sampler import replay
+from .sampler.replay import replay
 from .skips import BadSampleBudgetExceeded, SkipLedger
 from .state import EpochProgress, Start
 from .stats import StatsRecorder

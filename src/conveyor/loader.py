@@ -34,6 +34,7 @@ from . import stats as _stats
 from .iteration import LoaderIterator
 from ._engine.executor.pin import pinning
 from .skips import epoch_samples
+from .stats.scalars import stats_callback
 from .plan import Delivering, Plan, Sampling
 from ._engine.cpu import usable_cores
 from ._engine.executor.records import Running
@@ -289,7 +290,7 @@ class DataLoader(Generic[T_co]):
         is (:class:`conveyor.stats.ScalarWriter` says what it writes).
         Returns a function that removes the callback."""
         recorder = self._recorder()
-        listener = _stats.live.Periodic(_stats.stats_callback(callback), every_s, recorder.snapshot)
+        listener = _stats.live.Periodic(stats_callback(callback), every_s, recorder.snapshot)
         recorder.add_listener(listener)
         return lambda: recorder.remove_listener(listener)
 

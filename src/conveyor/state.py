@@ -39,7 +39,8 @@ from typing import Any, Optional
 
 from . import rng
 from .epoch_progress import EpochProgress, ResumePoint, Start
-from .sampler import _has_position, replay_point
+from .sampler.replay import replay_point
+from .sampler.resumable import _has_position
 from .state_apply import (
     apply_parts,
     generator_source,

@@ -13,7 +13,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import rng
-from .sampler import _has_position, replay_point, restore_replay_point
+from .sampler.replay import replay_point, restore_replay_point
+from .sampler.resumable import _has_position
 from .state_format import LoaderView
 from ._engine.errors import add_note
 from .stateful import is_stateful

@@ -29,7 +29,8 @@ import numbers
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .sampler import _has_position, fingerprint_problem, replay_point_problem
+from .sampler.replay import fingerprint_problem, replay_point_problem
+from .sampler.resumable import _has_position
 from .skips import SkippedSample
 
 #: The end of the fix in every refusal.

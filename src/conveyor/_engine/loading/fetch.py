@@ -12,12 +12,14 @@ from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
 from ... import collate as _collate
+from ...collate.errors import naming_samples
+from ...collate.leaves import Allocator as Allocate
+from ...collate.rules import collate_into
 from ... import rng
 from ..errors import add_note
 from .reads import Skips, choose_reads
 from ...stateful import is_stateful
 
-Allocate = _collate.Allocator
 
 
 class EndOfData(Exception):
@@ -82,9 +84,9 @@ def collate_route(collate_fn: Callable[[Any], Any]) -> tuple[Optional[Callable[[
     """(numpy route into an allocator, whether the main process converts to
     torch) for conveyor's own collate functions; (None, False) for others."""
     if collate_fn is _collate.default_collate:
-        return _collate.collate_into, False
+        return collate_into, False
     if collate_fn is _collate.torch_default_collate:
-        return _collate.collate_into, True
+        return collate_into, True
     if collate_fn is _collate.default_convert:
         return _convert_into, False
     if collate_fn is _collate.torch_default_convert:
@@ -132,7 +134,7 @@ class MapFetcher:
         count = len(samples) if spec.auto_collation else 1
         sample.at(-1)
         # Collate errors name samples by dataset index (dataset[9]), as the error's header does.
-        with _collate.naming_samples(indices if spec.auto_collation else None):
+        with naming_samples(indices if spec.auto_collation else None):
             return _collate_timed(spec, samples, count, allocate, clock)
 
     def close(self) -> None:

@@ -33,7 +33,7 @@ from time import perf_counter
 from typing import Any, Callable, Optional, Union
 
 from ... import rng
-from ...collate import allocate_batch
+from ...collate.leaves import allocate_batch
 from ..cpu import ThreadClock
 from ..errors import capture_failure
 from .fetch import EndOfData, FetchSpec, StageClock, fetch_seeded

@@ -34,7 +34,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..portable import resize_shared_file, shared_memory_file
-from ...collate import array_to_tensor
+from ...collate.convert import array_to_tensor
 from .tree import map_leaves
 
 #: Arrays start at multiples of this (cache lines, and what SIMD loads like).
