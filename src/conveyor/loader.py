@@ -431,12 +431,16 @@ class DataLoader(Generic[T_co]):
         started_at = perf_counter()
         plan = self._plan()
         if plan.delivering.pin:  # (whether it can be done, said once per pass, as torch says it)
-            pins = pinning(self.pin_memory_device)
-            plan = dataclasses.replace(plan, delivering=dataclasses.replace(plan.delivering, pin=pins))
+            plan = dataclasses.replace(plan, delivering=dataclasses.replace(plan.delivering, pin=self._warn_pin_memory()))
         start = self._tracker.begin(_state.LoaderView.of(plan))  # the base seed is drawn before the sampler draws, as torch
         indices = iter(plan.sampling.index_sampler)
         executor, owned = self._executor_for(plan, start.base_seed)
         return LoaderIterator(self, executor, owned, start, indices, plan, started_at)
+
+    def _warn_pin_memory(self) -> bool:
+        """Whether this pass's batches will be pinned (executor/pin.py's
+        ``pinning``, which warns as torch does when it cannot be done)."""
+        return pinning(self.pin_memory_device)
 
     def __repr__(self) -> str:
         return (
