@@ -111,7 +111,8 @@ class PinThread:
 
 
 def pinning(pin_memory_device: str) -> bool:
-    """Whether batches asked to be pinned will be (``pin_memory=True``):
+    """Whether batches asked to be pinned will be (``pin_memory=True``; the
+    warnings point at the caller of ``iter(loader)``, three frames up):
     warns, as torch does once per iterator, when ``pin_memory_device`` is
     given (deprecated: the current accelerator is used) or when there is no
     accelerator to pin for (then nothing is pinned)."""
@@ -119,13 +120,13 @@ def pinning(pin_memory_device: str) -> bool:
         warnings.warn(
             "pin_memory_device is deprecated, the current accelerator will be used as the device,"
             f"ignore pin_memory_device='{pin_memory_device}'.",
-            stacklevel=3,
+            stacklevel=4,
         )
     if not accelerator_available():
         warnings.warn(
             "'pin_memory' argument is set as true but no accelerator is found, then device pinned "
             "memory won't be used.",
-            stacklevel=3,
+            stacklevel=4,
         )
         return False
     return True
