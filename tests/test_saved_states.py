@@ -1,0 +1,193 @@
+"""States saved by an earlier conveyor load and resume exactly in this one.
+
+A user's checkpoint outlives the code that wrote it. ``data/saved_states.json``
+holds states written by conveyor before the engine's reshaping (issue 22;
+the file says which commit), each with digests of the batches that commit
+delivered after the save: the rest of the epoch and the next one. Each case
+here loads the old state into a loader built anew (its generators seeded
+otherwise, as a restarted job's are) and checks that the batches that follow
+are, bit for bit, the ones the old code gave; and the same run here saves
+the same state, key for key. (Thread workers leave the
+global generators to the training loop, so the samples here, which draw
+from them, are not reproducible under threads; their states have the same
+format as these.)
+
+To write the file again (only when the state's format changes on purpose,
+with a new ``STATE_VERSION``), run this module as a script with the code
+that should write it on ``PYTHONPATH``::
+
+    PYTHONPATH=src python tests/test_saved_states.py --write COMMIT
+"""
+
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import conveyor  # noqa: E402
+from resume_helpers import NAMES, make, plain  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "saved_states.json")
+
+
+class Counter:
+    """An iterator over ``range(n)`` with numpy noise, resumable by position."""
+
+    def __init__(self, n):
+        self.n, self.i = n, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return np.array([self.i - 1, np.random.rand()])
+
+    def state_dict(self):
+        return {"i": self.i}
+
+    def load_state_dict(self, state):
+        self.i = state["i"]
+
+
+class Stream(conveyor.IterableDataset):
+    """Each worker's copy reads its own share of ``range(n)``, through a resumable iterator."""
+
+    def __init__(self, n=29):
+        self.n = n
+
+    def __iter__(self):
+        info = conveyor.get_worker_info()
+        counter = Counter(self.n)
+        if info is None:
+            return counter
+        return (x for x in counter if int(x[0]) % info.num_workers == info.id)
+
+
+class StatefulStream(conveyor.IterableDataset):
+    """The dataset's copy keeps its position (its __iter__ is a generator)."""
+
+    def __init__(self, n=29):
+        self.n, self.start = n, 0
+
+    def __iter__(self):
+        for i in range(self.start, self.n):
+            self.start = i + 1
+            yield np.array([i, np.random.rand()])
+        self.start = 0
+
+    def state_dict(self):
+        return {"start": self.start}
+
+    def load_state_dict(self, state):
+        self.start = state["start"]
+
+
+def build(case, other=False):
+    """The loader of ``case``; ``other=True`` seeds its generators otherwise."""
+    if case["kind"] == "map":
+        return make(case["name"], case["workers"], other=other, **case.get("options", {}))
+    dataset = {"stream": Stream, "stateful-stream": StatefulStream}[case["name"]]()
+    return conveyor.DataLoader(dataset, batch_size=3, num_workers=case["workers"], seed=11)
+
+
+def digest(batch):
+    return hashlib.sha256(repr(plain(batch)).encode()).hexdigest()[:20]
+
+
+CASES = {
+    **{
+        f"{name}-0-workers": {"kind": "map", "name": name, "workers": 0, "epoch": 1, "position": 2}
+        for name in NAMES
+    },
+    "shuffle-seed-2-workers": {"kind": "map", "name": "shuffle-seed", "workers": 2, "epoch": 1, "position": 3},
+    "shuffle-seed-before-first-batch": {"kind": "map", "name": "shuffle-seed", "workers": 2, "epoch": 1, "position": 0},
+    "distributed-2-workers": {"kind": "map", "name": "distributed", "workers": 2, "epoch": 0, "position": 2},
+    "stream-0-workers": {"kind": "iterable", "name": "stream", "workers": 0, "epoch": 1, "position": 3},
+    "stream-2-workers": {"kind": "iterable", "name": "stream", "workers": 2, "epoch": 1, "position": 3},
+    "stateful-stream-2-workers": {"kind": "iterable", "name": "stateful-stream", "workers": 2, "epoch": 0, "position": 4},
+}
+
+
+def save(case):
+    """Runs ``case``'s loader to where it saves; its state (through JSON) and the pass's iterator."""
+    loader = build(case)
+    for epoch in range(case["epoch"]):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+    loader.set_epoch(case["epoch"])
+    it = iter(loader)
+    for _ in range(case["position"]):
+        next(it)
+    return loader, json.loads(json.dumps(loader.state_dict())), it
+
+
+def write(commit):
+    """Saves each case's state where it says and digests what follows (with the code on the path)."""
+    cases = {}
+    for key, case in CASES.items():
+        loader, state, it = save(case)
+        after = [digest(b) for b in it]
+        loader.set_epoch(case["epoch"] + 1)
+        after_next = [digest(b) for b in loader]
+        cases[key] = {**case, "state": state, "rest_of_epoch": after, "next_epoch": after_next}
+    os.makedirs(os.path.dirname(FIXTURE), exist_ok=True)
+    with open(FIXTURE, "w") as f:
+        json.dump({"written_by": f"conveyor at commit {commit}", "cases": cases}, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def load_fixture():
+    with open(FIXTURE) as f:
+        return json.load(f)
+
+
+def test_the_fixture_covers_every_case():
+    assert sorted(load_fixture()["cases"]) == sorted(CASES)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_an_old_state_resumes_exactly(key):
+    saved = load_fixture()["cases"][key]
+    loader = build(saved, other=True)
+    loader.load_state_dict(saved["state"])
+    loader.set_epoch(saved["epoch"])  # what a restarted loop does; keeps the resume point
+    assert [digest(b) for b in loader] == saved["rest_of_epoch"]
+    loader.set_epoch(saved["epoch"] + 1)
+    assert [digest(b) for b in loader] == saved["next_epoch"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_this_code_saves_the_same_state(key):
+    """The same run saves, key for key, the state the earlier code saved."""
+    saved = load_fixture()["cases"][key]
+    _, state, _ = save(CASES[key])
+    assert state == saved["state"]
+
+
+def test_an_edited_old_state_is_refused():
+    """The checksum of an old state still guards it: one changed position is refused, naming load_state_dict."""
+    saved = load_fixture()["cases"]["shuffle-seed-0-workers"]
+    edited = json.loads(json.dumps(saved["state"]))
+    assert edited["position"] == saved["position"] == 2
+    edited["position"] = 3
+    with pytest.raises(ValueError, match="load_state_dict"):
+        build(saved, other=True).load_state_dict(edited)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "--write":
+        sys.exit("usage: PYTHONPATH=src python tests/test_saved_states.py --write COMMIT")
+    write(sys.argv[2])
