@@ -189,6 +189,7 @@ BENCH: dict[str, Callable[[Results], str]] = {
     "rounds.l": lambda r: str(r.rounds(r.work["l_huge_sample_s"]["samples"])),
     "rounds.m": lambda r: str(r.rounds(r.data["shards"]["samples"])),
     "limits.memcpy": lambda r: f"{r.data['limits']['memcpy_GBps']:.0f} GB/s",
+    "limits.memcpy_previous": lambda r: f"{r.data['previous_run']['limits']['memcpy_GBps']:.0f} GB/s",
     "limits.stack_warm": lambda r: f"{r.data['limits']['stack_into_warm_buffer_GBps']:.0f} GB/s",
     "limits.stack_slot": lambda r: f"{r.data['limits']['stack_into_slot_GBps']:.0f} GB/s",
     "limits.in_process": lambda r: f"{count(r.data['limits']['in_process_small_batches_per_s'])} batches/s",
@@ -215,6 +216,13 @@ BENCH: dict[str, Callable[[Results], str]] = {
     ),
     "j.one_read_limit": lambda r: count(_j(r, "j_waiting_processes_only_samples_per_s")["limit"]),
     "m.pack_s": lambda r: f"{r.data['shards']['pack_s']:.0f} s",
+    "m.check_us": lambda r: f"{r.data['shards']['checks']['check_us_per_member']:.1f} µs",
+    "m.raw_us": lambda r: f"{r.data['shards']['checks']['raw_us_per_sample']:.1f} µs",
+    "m.raw_unchecked_us": lambda r: f"{r.data['shards']['checks']['raw_unchecked_us_per_sample']:.1f} µs",
+    "m.check_share": lambda r: percent(
+        (r.data["shards"]["checks"]["raw_us_per_sample"] - r.data["shards"]["checks"]["raw_unchecked_us_per_sample"])
+        / (1e6 * r.data["machine"]["cpus"] / r.data["shards"]["samples_per_s"]["conveyor_shards"])
+    ),
     "n.threads": lambda r: count(r.data["store"]["samples_per_s"]["conveyor_threads"]),
     "n.processes": lambda r: count(r.data["store"]["samples_per_s"]["conveyor_processes"]),
     "n.torch": lambda r: count(r.data["store"]["samples_per_s"]["torch"]),
