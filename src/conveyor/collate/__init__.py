@@ -38,22 +38,23 @@ torch is imported only when a sample holds tensors (it is then already
 loaded) or when a ``torch_*`` function, :func:`to_torch` or
 :class:`TorchPadCollate` is called.
 
-Modules, one concept each; each imports only modules above it in this list
-(type annotations aside)::
+Modules, one concept each; each imports only modules above it in this list::
 
-    errors.py     paths into the sample (batch["image"][3]) and error messages
-    dtypes.py     torch's dtype inference and promotion, on numpy dtypes
-    registry.py   register_collate, and torch's collate_fn_map lookup
-    leaves.py     collating leaves: arrays, numbers, tensors; output allocation
-    pad_leaf.py   padding one leaf along its first axis (numpy or torch)
-    rules.py      the recursion: default_collate, collate, collate_into
-    convert.py    default_convert, to_torch, torch_default_convert/_collate
-    padding.py    PadCollate, TorchPadCollate, Padded
+    allocation.py  the Allocator protocol: where outputs are allocated
+    context.py     what stays fixed during one collation (name, allocator, padding)
+    errors.py      paths into the sample (batch["image"][3]) and error messages
+    dtypes.py      torch's dtype inference and promotion, on numpy dtypes
+    registry.py    register_collate, and torch's collate_fn_map lookup
+    leaves.py      collating leaves: arrays, numbers, tensors
+    pad_leaf.py    padding one leaf along its first axis (numpy or torch)
+    rules.py       the recursion: default_collate, collate, collate_into
+    convert.py     default_convert, to_torch, torch_default_convert/_collate
+    padding.py     PadCollate, TorchPadCollate, Padded
 """
 
+from .allocation import Allocate, Allocator, HeapAllocator, allocate_batch  # noqa: F401  (the allocation protocol)
 from .convert import array_to_tensor, default_convert, to_torch, torch_default_collate, torch_default_convert  # noqa: F401
 from .errors import naming_samples  # noqa: F401  (the engine: errors name samples by dataset index)
-from .leaves import Allocate, Allocator, HeapAllocator, allocate_batch  # noqa: F401  (the allocation protocol)
 from .padding import PadCollate, Padded, TorchPadCollate
 from .registry import CollateFn, CollateFnMap, register_collate, unregister_collate  # noqa: F401
 from .rules import collate, collate_into, default_collate  # noqa: F401  (collate_into: used by the engine, bench)

@@ -16,7 +16,7 @@ import numpy as np
 from .errors import _disagreement, _format_path
 
 if TYPE_CHECKING:
-    from .rules import _Context
+    from .context import _Context
 
 # numpy dtype kinds torch refuses (bytes, unicode, object), as its [SaUO] pattern.
 _UNSUPPORTED_KINDS = "SUO"

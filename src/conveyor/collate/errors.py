@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Sequence, ov
 import numpy as np
 
 if TYPE_CHECKING:
-    from .rules import _Context
+    from .context import _Context
 
 # torch's wording, kept verbatim: users grep their logs for it.
 _TORCH_TYPE_MESSAGE = (

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import collections.abc
 import sys
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+# (named "as" themselves: the engine's loading/fetch.py and loading/serving.py import the two from here)
+from .allocation import Allocator as Allocator, allocate_batch as allocate_batch
 from .dtypes import _FLOAT64, _UNSUPPORTED_KINDS, _result_dtype, _scalar_dtype
 from .errors import (
     _TORCH_STACK_MESSAGE,
@@ -29,67 +31,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .rules import _Context
-
-# --------------------------------------------------------------------------
-# Output allocation
-# --------------------------------------------------------------------------
-
-class Allocator(Protocol):
-    """Where collation puts its output arrays (the engine's points at shared memory).
-
-    * ``allocator(shape, dtype)``: an uninitialised output array;
-    * ``place(sample, k)``: sample ``k`` of the batch, as it is made, with
-      its arrays possibly moved into their rows of the output already
-      (returns the sample to collate);
-    * ``claim(arrays, dtype)``: the output whose rows 0..B-1 already are
-      ``arrays``, if the allocator placed them there; else None.
-    """
-
-    def __call__(self, shape: tuple, dtype: Any) -> np.ndarray: ...
-
-    def place(self, sample: Any, k: int) -> Any: ...
-
-    def claim(self, arrays: Sequence[np.ndarray], dtype: np.dtype) -> Optional[np.ndarray]: ...
-
-
-#: Kept for code that names the hook's type as a plain callable.
-Allocate = Allocator
-
-
-class HeapAllocator:
-    """The default :class:`Allocator`: fresh arrays, nothing placed ahead."""
-
-    def __call__(self, shape: tuple, dtype: Any) -> np.ndarray:
-        return np.empty(shape, dtype)
-
-    def place(self, sample: Any, k: int) -> Any:
-        return sample
-
-    def claim(self, arrays: Sequence[np.ndarray], dtype: np.dtype) -> Optional[np.ndarray]:
-        return None
-
-
-#: The default allocator (collation without the engine).
-allocate_batch = HeapAllocator()
-
-
-class _FunctionAllocator(HeapAllocator):
-    """An :class:`Allocator` around a plain ``allocate(shape, dtype)`` function."""
-
-    def __init__(self, allocate: Any):
-        self._allocate = allocate
-
-    def __call__(self, shape: tuple, dtype: Any) -> np.ndarray:
-        return self._allocate(shape, dtype)
-
-
-def as_allocator(allocate: Any) -> Allocator:
-    """``allocate`` as an :class:`Allocator`: itself when it is one, else a
-    plain ``allocate(shape, dtype)`` function wrapped (nothing placed ahead)."""
-    if callable(getattr(allocate, "place", None)) and callable(getattr(allocate, "claim", None)):
-        return allocate
-    return _FunctionAllocator(allocate)
+    from .context import _Context
 
 
 def _stack_into(arrays: Sequence[np.ndarray], dtype: np.dtype, allocate: Allocator) -> np.ndarray:

@@ -27,8 +27,7 @@ from .errors import (
 from .leaves import _holds_tensor
 
 if TYPE_CHECKING:
-    from .padding import PadCollate
-    from .rules import _Context
+    from .context import _Context, _Padding
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ def _is_number_list(x: Any) -> bool:
     return _scalar_dtype(x) is not None and not isinstance(x, np.ndarray)
 
 
-def _padding_of(ctx: _Context) -> PadCollate:
+def _padding_of(ctx: _Context) -> _Padding:
     """The PadCollate of a collation that reached a pad scope (only a PadCollate opens one)."""
     assert ctx.padding is not None
     return ctx.padding

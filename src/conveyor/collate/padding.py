@@ -10,10 +10,11 @@ from __future__ import annotations
 import collections.abc
 from typing import Any, NamedTuple, Sequence
 
+from .allocation import Allocate, allocate_batch, as_allocator
+from .context import _Context
 from .convert import to_torch
-from .leaves import Allocate, allocate_batch, as_allocator
 from .pad_leaf import _PadScope
-from .rules import _collate, _Context
+from .rules import _collate
 
 
 class Padded(NamedTuple):

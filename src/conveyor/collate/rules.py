@@ -4,8 +4,9 @@
 rule: a user's function (``collate_fn_map``, then :func:`register_collate`'s
 registry), a leaf (:mod:`.leaves`, padded by :mod:`.pad_leaf` inside a pad
 scope), or a container, whose columns it collates in turn. The context
-(:class:`_Context`) carries what stays fixed for one collation: the name used
-in messages, the ``allocate`` hook, the map and the padding.
+(:class:`_Context`, in :mod:`.context`) carries what stays fixed for one
+collation: the name used in messages, the ``allocate`` hook, the map and the
+padding.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import collections.abc
 import copy
 import sys
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from .allocation import Allocate, as_allocator
+from .context import _Context
 from .errors import (
     _TORCH_SEQUENCE_MESSAGE,
     _TORCH_TYPE_MESSAGE,
@@ -31,36 +34,14 @@ from .errors import (
     _type_name,
     _with_padcollate,
 )
-from .leaves import Allocate, _collate_arrays, _collate_numbers, _stack_tensors, allocate_batch, as_allocator
+from .leaves import _collate_arrays, _collate_numbers, _stack_tensors
 from .pad_leaf import _child_scope, _is_number_list, _pad_leaf, _PadScope
 from .registry import _REGISTRY, CollateFn, CollateFnMap, _mapped_fn, _registered_fn
 
-if TYPE_CHECKING:
-    from .padding import PadCollate
-
 
 # --------------------------------------------------------------------------
-# Recursion context
+# Recursing from a registered function
 # --------------------------------------------------------------------------
-
-
-class _Context:
-    """What stays fixed during one collation: rules, allocator, padding."""
-
-    __slots__ = ("fn_map", "allocate", "name", "padding", "pad_keys_seen")
-
-    def __init__(
-        self,
-        name: str,
-        allocate: Allocate = allocate_batch,
-        fn_map: CollateFnMap | None = None,
-        padding: "PadCollate | None" = None,
-    ) -> None:
-        self.name = name
-        self.allocate = allocate
-        self.fn_map = fn_map
-        self.padding = padding
-        self.pad_keys_seen: set = set()
 
 
 class _Recurse:
