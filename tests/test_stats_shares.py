@@ -27,7 +27,7 @@ from conveyor._engine.executor.records import Timings, pack_delivery_times
 from conveyor._engine.transport.messages import pack_load_times
 from conveyor.stats import StatsRecorder, live
 from conveyor.stats.machine import CoreUse
-from conveyor.stats.report import Mark, fractions
+from conveyor.stats.figures import Mark, fractions
 from toy_datasets import Sleepy
 
 #: Shares are rounded to whole percents when printed; three of them can

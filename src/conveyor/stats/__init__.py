@@ -1,6 +1,6 @@
 """Where a loader's time goes: per-stage stats, a verdict, live views, a trace.
 
-    loader.stats()                 LoaderStats: totals, percentiles, rates (report.py)
+    loader.stats()                 LoaderStats: totals, percentiles, rates (report.py, figures.py)
     loader.stats().summary()       prints a table (table.py) and a Verdict (verdict.py), once
     loader.stats().to_dict()       the shares and the raw totals they are made of (JSON)
     DataLoader(progress=True)      a live tqdm bar (live.py)
@@ -15,7 +15,8 @@ figures are summed in loading.py, who used the cores in machine.py.
 
 from .live import JsonLinesWriter, ProgressBar
 from .recorder import StatsRecorder
-from .report import LOADING_STAGES, STAGE_MEANINGS, STAGES, LoaderStats, StageStats
+from .figures import LOADING_STAGES, STAGE_MEANINGS, STAGES, StageStats
+from .report import LoaderStats
 from .scalars import ScalarWriter, stats_callback
 from .trace import ChromeTrace
 from .verdict import Verdict

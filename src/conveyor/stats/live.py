@@ -16,7 +16,8 @@ import time
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO, Union, cast
 
-from .report import STAGES, LoaderStats, Mark, fractions, share_of
+from .figures import STAGES, Mark, fractions, share_of
+from .report import LoaderStats
 
 if TYPE_CHECKING:
     from .recorder import StatsRecorder

@@ -33,7 +33,8 @@ from .._engine.executor.records import DeliveryTimes
 from .._engine.transport.messages import LoadTimes
 from .loading import LoadingTotals
 from .machine import CoreClock, CoreUse
-from .report import STAGES, LoaderStats, Mark, StageStats
+from .figures import STAGES, Mark, StageStats
+from .report import LoaderStats
 
 #: Percentiles are computed over at least this many of the latest batches.
 WINDOW = 1 << 16

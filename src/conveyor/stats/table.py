@@ -1,8 +1,8 @@
 """The stats as a person reads them: a text table (``summary()``, ``str(stats)``)
 and the same as HTML (a notebook's view of ``loader.stats()``).
 
-    LoaderStats ──text_table()──▶ the stage table, then one line per split whole
-                ──html_table()──▶ <table> of the stages, the same lines, the verdict
+    LoaderFigures ──text_table()──▶ the stage table, then one line per split whole
+                  ──html_table()──▶ <table> of the stages, the same lines, the verdict
 
 Each line below the table shows one whole and the shares it splits into,
 so the shares on a line add up to 100% (up to rounding to whole percents).
@@ -11,17 +11,13 @@ so the shares on a line add up to 100% (up to rounding to whole percents).
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-from .report import LOADING_STAGES, STAGES
-
-if TYPE_CHECKING:
-    from .report import LoaderStats
-
-NOT_MEASURED = "not measured on this system"
+from .figures import LOADING_STAGES, NOT_MEASURED, STAGES, LoaderFigures
+from .verdict import judge
 
 
-def _share_column(stats: "LoaderStats", name: str) -> str:
+def _share_column(stats: LoaderFigures, name: str) -> str:
     """The stage's share: of the loading time, or (wait, compute) of wall time."""
     if name in LOADING_STAGES:
         return f"{stats.stage_share(name):.1%}"
@@ -34,7 +30,7 @@ def _parts(*parts: tuple[str, Optional[float]]) -> str:
     return " · ".join(f"{name} {share:.0%}" for name, share in parts if share is not None)
 
 
-def share_lines(stats: "LoaderStats") -> list[str]:
+def share_lines(stats: LoaderFigures) -> list[str]:
     """One line per whole the stats split: wall time, loading time, the cores."""
     lines = [f"wall time: {_parts(('data wait', stats.data_wait_fraction), ('compute', _compute_share(stats)))}"]
     if stats.workers_busy_fraction is not None:
@@ -71,13 +67,13 @@ def share_lines(stats: "LoaderStats") -> list[str]:
     return lines
 
 
-def _compute_share(stats: "LoaderStats") -> Optional[float]:
+def _compute_share(stats: LoaderFigures) -> Optional[float]:
     if stats.wall_s <= 0:
         return None
     return max(0.0, 1.0 - stats.data_wait_fraction)
 
 
-def _headline(stats: "LoaderStats") -> str:
+def _headline(stats: LoaderFigures) -> str:
     first = f"{stats.first_batch_s:.2f} s" if stats.first_batch_s is not None else "-"
     return (
         f"conveyor: {stats.batches:,} batches, {stats.samples:,} samples in {stats.wall_s:.2f} s "
@@ -90,7 +86,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:8.2f}"
 
 
-def text_table(stats: "LoaderStats") -> str:
+def text_table(stats: LoaderFigures) -> str:
     """The headline, the stage table, and the lines of shares."""
     lines = [_headline(stats), f"  {'stage':<10}{'total s':>10}{'share':>8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"]
     for name in STAGES:
@@ -104,7 +100,7 @@ def text_table(stats: "LoaderStats") -> str:
     return "\n".join(lines)
 
 
-def html_table(stats: "LoaderStats") -> str:
+def html_table(stats: LoaderFigures) -> str:
     """The same as :func:`text_table` and the verdict, as an HTML fragment."""
     e = html.escape
     rows = "".join(
@@ -114,7 +110,7 @@ def html_table(stats: "LoaderStats") -> str:
     )
     head = "".join(f"<th>{name}</th>" for name in ("stage", "total s", "share", "p50 ms", "p90 ms", "p99 ms"))
     shares = "".join(f"<li>{e(line)}</li>" for line in share_lines(stats))
-    verdict = "".join(f"<p>{e(line)}</p>" for line in str(stats.verdict()).splitlines())
+    verdict = "".join(f"<p>{e(line)}</p>" for line in str(judge(stats)).splitlines())
     return (
         f"<div class=\"conveyor-stats\"><p><b>{e(_headline(stats))}</b></p>"
         f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"

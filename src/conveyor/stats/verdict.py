@@ -1,7 +1,7 @@
 """The verdict on a loader's stats: input- or compute-bound, the slowest
 stage, and the change most likely to help, with the number that shows why.
 
-    LoaderStats ──judge()──▶ Verdict(bound, slowest stage, its share, advice)
+    LoaderFigures ──judge()──▶ Verdict(bound, slowest stage, its share, advice)
 
 The rules, in order (each names its evidence):
 
@@ -30,14 +30,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from .._engine.cpu import usable_cores
-from .report import LOADING_STAGES, share_of
-from .table import NOT_MEASURED
-
-if TYPE_CHECKING:
-    from .report import LoaderStats
+from .figures import LOADING_STAGES, NOT_MEASURED, LoaderFigures, share_of
 
 #: Fewer batches than this, or fewer seconds once running, are too little to
 #: judge: start-up and the first batches' jitter would decide the verdict.
@@ -93,7 +89,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
-def judge(stats: "LoaderStats", cores: Optional[int] = None) -> Verdict:
+def judge(stats: LoaderFigures, cores: Optional[int] = None) -> Verdict:
     """The verdict on ``stats`` for a machine with ``cores`` usable cores (default: this one's)."""
     cores = cores or usable_cores()
     wait = stats.steady_wait_fraction
@@ -131,7 +127,7 @@ def judge(stats: "LoaderStats", cores: Optional[int] = None) -> Verdict:
     return Verdict(bound, wait, slowest, share, advice)
 
 
-def _compute_bound_advice(stats: "LoaderStats", wait: float) -> str:
+def _compute_bound_advice(stats: LoaderFigures, wait: float) -> str:
     advice = (
         f"the loader keeps up (the loop waited only {wait:.0%} of the time), so a faster loader would gain at most "
         f"{wait:.0%}; speed up the training step instead"
@@ -143,7 +139,7 @@ def _compute_bound_advice(stats: "LoaderStats", wait: float) -> str:
     return advice
 
 
-def _input_bound_advice(stats: "LoaderStats", slowest: Optional[str], share: float, cores: int) -> str:
+def _input_bound_advice(stats: LoaderFigures, slowest: Optional[str], share: float, cores: int) -> str:
     busy = stats.workers_busy_fraction or 0.0
     cpu = stats.loading_cpu_fraction
     workers = stats.num_workers
@@ -213,7 +209,7 @@ def _input_bound_advice(stats: "LoaderStats", slowest: Optional[str], share: flo
     )
 
 
-def _contended_advice(stats: "LoaderStats", cpu_wait: float, slowest: Optional[str], p50: str, cores: int) -> str:
+def _contended_advice(stats: LoaderFigures, cpu_wait: float, slowest: Optional[str], p50: str, cores: int) -> str:
     """Loading waits for a free core: name who takes the cores, from what the machine reports."""
     waited = f"the loaders waited for a free core {cpu_wait:.0%} of their loading time"
     cheaper = f"make {slowest} cheaper ({p50} per batch)"
