@@ -10,14 +10,39 @@ workers and ranks by shard, each worker's place saved for exact resume.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, Sized
 
 from .._engine.info import get_worker_info
 from ..dataset import IterableDataset
 from ..sharding import distributed_world, torch_worker_info
 
 if TYPE_CHECKING:
-    from .dataset import ShardDataset
+    from ..store import Store
+
+
+class Shards(Protocol):
+    """What a stream reads of its shards: what ``ShardDataset`` (dataset.py)
+    provides, named here so that the dataset can make streams of itself."""
+
+    @property
+    def paths(self) -> Sequence[str]: ...
+
+    @property
+    def indexes(self) -> Sequence[Sized]: ...
+
+    @property
+    def firsts(self) -> Sequence[int]: ...  # where each shard's samples begin, and the total at the end
+
+    @property
+    def store(self) -> Optional[Store]: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> Any: ...
+
+    def open_shard(self, shard: int) -> object: ...
+
+    def close_shard(self, shard: int) -> None: ...
 
 
 class ShardStream(IterableDataset):
@@ -26,7 +51,7 @@ class ShardStream(IterableDataset):
     shuffled per epoch with ``shuffle_shards`` (``set_epoch`` moves it on).
     Samples within a shard keep their order."""
 
-    def __init__(self, dataset: "ShardDataset", shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2):
+    def __init__(self, dataset: Shards, shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2):
         self.dataset, self.shuffle_shards, self.seed, self.prefetch = dataset, shuffle_shards, seed, prefetch
         self.epoch = 0
 
