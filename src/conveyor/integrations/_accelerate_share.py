@@ -26,7 +26,7 @@ from accelerate.data_loader import BatchSamplerShard
 
 from conveyor.sampler.replay import replay_point, replay_point_problem, restore_replay_point
 
-__all__ = ["RankShare", "install_checkpoint_hooks", "load_states", "save_states", "state_file"]
+__all__ = ["RankShare", "SavesPerRank", "install_checkpoint_hooks", "load_states", "save_states", "state_file"]
 
 
 class RankShare(BatchSamplerShard):
@@ -100,10 +100,16 @@ def install_checkpoint_hooks(accelerator: Any) -> None:
     accelerator.register_load_state_pre_hook(lambda models, folder: load_states(accelerator, folder))
 
 
-def _conveyor_loaders(accelerator: Any) -> list:
-    from .accelerate import AcceleratedDataLoader
+class SavesPerRank:
+    """A loader whose state each rank saves in a file of its own beside
+    ``accelerator.save_state`` (by the hooks above): ``AcceleratedDataLoader``
+    (accelerate.py) is one. The hooks find the loaders to save by this class."""
 
-    return [loader for loader in accelerator._dataloaders if isinstance(loader, AcceleratedDataLoader)]
+    __slots__ = ()
+
+
+def _conveyor_loaders(accelerator: Any) -> list:
+    return [loader for loader in accelerator._dataloaders if isinstance(loader, SavesPerRank)]
 
 
 def save_states(accelerator: Any, folder: str) -> None:

@@ -48,13 +48,15 @@ from accelerate.utils import send_to_device, synchronize_rng_states
 import conveyor.torch as _ctorch
 from conveyor.sharding import ShardedIterable
 
-from ._accelerate_share import RankShare, install_checkpoint_hooks
+from ._accelerate_share import RankShare, SavesPerRank, install_checkpoint_hooks
 from ._rebuild import rebuilt
 
 __all__ = ["Accelerator", "AcceleratedDataLoader", "prepare_data_loader", "skip_first_batches"]
 
 
-class AcceleratedDataLoader(DataLoaderStateMixin, _ctorch.DataLoader):
+# (ignore[misc]: mypy compares the bases once one of them is typed, and finds what the torch façade's
+# classes already carry: conveyor's DataLoader and torch's each define _IterableDataset_len_called)
+class AcceleratedDataLoader(DataLoaderStateMixin, _ctorch.DataLoader, SavesPerRank):  # type: ignore[misc]
     """A conveyor loader prepared for accelerate: this rank's batches, on
     the accelerator's device, tracked by accelerate's ``GradientState``.
 
