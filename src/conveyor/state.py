@@ -37,8 +37,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from . import rng
 from .epoch_progress import EpochProgress, ResumePoint, Start
+from .rng import derive_seed, draw_seed, source_for
 from .sampler.replay import replay_point
 from .sampler.resumable import _has_position
 from .state_apply import (
@@ -129,15 +129,15 @@ class ResumeTracker:
         from the one before, so the generator gives the sampler the same
         numbers as under torch."""
         if view.seed is not None:
-            return rng.derive_seed(view.seed, epoch)
+            return derive_seed(view.seed, epoch)
         if self._next_base_seed is not None:
             seed, self._next_base_seed = self._next_base_seed, None
             return seed
         if view.keeps_base_seed and self._last_base_seed is not None:
-            return rng.derive_seed(self._last_base_seed, epoch)
+            return derive_seed(self._last_base_seed, epoch)
         if view.generator is not None:
-            return rng.source_for(view.generator, view.flavor).draw_seed()
-        return rng.draw_seed(view.flavor)
+            return source_for(view.generator, view.flavor).draw_seed()
+        return draw_seed(view.flavor)
 
     def _pin_next_epoch(self, view: LoaderView) -> int:
         """Draw now what the next iteration draws from a generator (its base
@@ -247,7 +247,7 @@ class ResumeTracker:
         check_header(state)
         check_settings(view, state["settings"])
         epoch, in_epoch, base_seed, position, ahead = read_position(state)
-        if in_epoch and view.seed is not None and base_seed != rng.derive_seed(view.seed, epoch):
+        if in_epoch and view.seed is not None and base_seed != derive_seed(view.seed, epoch):
             raise mismatch_error(
                 "DataLoader", "the base seed does not follow from seed= and the epoch.",
                 {"base_seed": base_seed}, {"seed": view.seed}, LOADER_FIX,

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import rng
+from .rng import is_torch_generator, source_for
 from .sampler.replay import replay_point, restore_replay_point
 from .sampler.resumable import _has_position
 from .state_format import LoaderView
@@ -29,8 +29,8 @@ def positioned(sampler_state: Any, position: int) -> Any:
 
 def generator_source(view: LoaderView) -> Any:
     generator = view.generator
-    if isinstance(generator, np.random.Generator) or rng.is_torch_generator(generator):
-        return rng.source_for(generator, view.flavor)
+    if isinstance(generator, np.random.Generator) or is_torch_generator(generator):
+        return source_for(generator, view.flavor)
     return None  # None, or an int seed: nothing that moves
 
 

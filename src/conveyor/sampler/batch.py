@@ -10,9 +10,10 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeGuard
 
+from ..stateful import is_stateful
 from .arguments import _check_bool, _check_int, _check_positive_int
 from .replay import batch_fingerprint, fingerprint_problem, replay, replay_point, replay_point_problem, restore_replay_point
-from .resumable import _has_position, _is_stateful, _Resumable
+from .resumable import _has_position, _Resumable
 from .samplers import Sampler
 
 
@@ -68,7 +69,7 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
     def _inner_jumps(self) -> bool:
         """Whether the inner sampler resumes at an item itself (a conveyor
         sampler); any other is replayed from the iteration's start."""
-        return _is_stateful(self.sampler) and _has_position(self.sampler.state_dict())
+        return is_stateful(self.sampler) and _has_position(self.sampler.state_dict())
 
     def _settings(self) -> dict[str, Any]:
         return {
@@ -96,7 +97,7 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
 
     def _inner_state(self, record: Any) -> Any:
         """The inner sampler's state that goes with this sampler's position."""
-        if not _is_stateful(self.sampler):
+        if not is_stateful(self.sampler):
             return None
         if isinstance(record, _BatchRun) and _has_position(record.inner_start):
             # From the capture, not the inner sampler now: it may have finished
@@ -127,7 +128,7 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
         if point is not None:
             restore_replay_point(self.sampler, point, self._flavor)
             return
-        if inner is None or not _is_stateful(self.sampler):
+        if inner is None or not is_stateful(self.sampler):
             return
         if state["in_iteration"] and _has_position(inner) and inner["in_iteration"]:
             assert self._resume is not None  # (in_iteration: super() made it)
@@ -185,7 +186,7 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
         if not callable(set_inner_epoch):
             return
         set_inner_epoch(epoch)
-        if self._resume is not None and _is_stateful(self.sampler):
+        if self._resume is not None and is_stateful(self.sampler):
             inner = self.sampler.state_dict()
             if _has_position(inner) and not inner["in_iteration"]:
                 self._resume = None  # the inner sampler dropped its resume point (and warned)
@@ -226,7 +227,7 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
             first = next(indices)
         except StopIteration:
             return indices
-        assert _is_stateful(self.sampler)  # (only an inner sampler that jumps is noted)
+        assert is_stateful(self.sampler)  # (only an inner sampler that jumps is noted)
         run.inner_start = self.sampler.state_dict()
         # Items handed out before this one: where the iteration (maybe a resumed one) started.
         run.items = run.inner_start["position"] - 1

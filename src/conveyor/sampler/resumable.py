@@ -26,13 +26,10 @@ from __future__ import annotations
 import operator
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any
 
 from ..state_format import mismatch_error
 from .arguments import _check_int, _is_int
-
-if TYPE_CHECKING:
-    from ..state import Stateful
 
 _STATE_VERSION = 1
 _PROGRESS_KEYS = ("epoch", "position", "in_iteration", "rng")
@@ -276,11 +273,6 @@ class _Resumable:
         self._resume = _Resume(epoch, position, record) if in_iteration else None
         if not in_iteration:
             self._restore_idle(record)
-
-
-def _is_stateful(sampler: object) -> TypeGuard[Stateful]:
-    """Whether ``sampler`` has ``state_dict`` and ``load_state_dict`` (its state can be saved and loaded)."""
-    return callable(getattr(sampler, "state_dict", None)) and callable(getattr(sampler, "load_state_dict", None))
 
 
 def _has_position(state: Any) -> bool:
