@@ -2,6 +2,7 @@
 the samplers, and one iteration per ``iter()`` (iteration.py).
 
     DataLoader(dataset, batch_size, shuffle, sampler, ...)     validates, builds samplers
+      └─ _plan ─▶ the Plan of its arguments (loader_plan.py), for a pass or a state
       └─ __iter__ ─▶ ResumeTracker.begin (state.py): the epoch, its base seed, what it resumes
                  ─▶ the executor (PoolExecutor) over inline workers (num_workers=0), worker
                     threads or processes (persistent ones kept by the loader)
@@ -26,22 +27,19 @@ import weakref
 from time import perf_counter
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, TypeVar
 
-from . import arguments as _args
-from . import collate as _collate
-from . import sampler as _sampler
-from . import state as _state
-from . import stats as _stats
+# (Each module by its own name, not through the package: conveyor/__init__ imports this one.)
+import conveyor.arguments as _args
+import conveyor.collate as _collate
+import conveyor.sampler as _sampler
+import conveyor.state as _state
+import conveyor.stats as _stats
 from .iteration import LoaderIterator
 from ._engine.executor.pin import pinning
-from .skips import epoch_samples
 from .stats.scalars import stats_callback
-from .plan import Delivering, Plan, Sampling
+from .plan import Plan
+from .loader_plan import make_plan
 from ._engine.cpu import usable_cores
-from ._engine.executor.records import Running
 from ._engine.executor.core import PoolExecutor
-from ._engine.loading.fetch import FetchSpec, collate_route
-from ._engine.executor.kinds import kind_of
-from ._engine.workers.launch import START_METHODS, resolve_start_method
 
 __all__ = ["DataLoader"]
 
@@ -358,62 +356,9 @@ class DataLoader(Generic[T_co]):
         return _state.LoaderView.of(self._plan())
 
     def _plan(self) -> Plan:
-        """This loader's arguments as the parts each layer takes (plan.py):
-        made again for each pass, state or executor, so that arguments set
-        between passes (num_workers, prefetch_factor, ...) count."""
-        collate_into, to_torch = collate_route(self.collate_fn)
-        loading = FetchSpec(
-            dataset=self.dataset,
-            kind=kind_of(self._iterable),
-            auto_collation=self._auto_collation,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            collate_fn=self.collate_fn,
-            collate_into=collate_into,
-            to_torch=to_torch,
-            reads_in_flight=self.reads_in_flight,
-            skip_errors=self.skip_bad_samples.errors if self.skip_bad_samples is not None else (),
-        )
-        inline = self.num_workers == 0  # (one worker, in this thread, loading nothing ahead: inline.py)
-        running = Running(
-            workers=1 if inline else self.num_workers,
-            num_workers=self.num_workers,
-            method="inline" if inline else self._start_method(),
-            prefetch_factor=1 if inline or self.prefetch_factor is None else self.prefetch_factor,
-            deepen_small=not (inline or self._prefetch_given),
-            in_order=self.in_order,
-            timeout_s=0 if inline else self.timeout,
-            worker_init_fn=None if inline else self.worker_init_fn,
-            stall_warning_s=0.0 if inline else float(self.stall_warning),
-            timed=self._stats is not None,
-            persistent=self.persistent_workers,
-        )
-        index_sampler = self._index_sampler
-        which = "batch_sampler" if self.batch_sampler is not None else "sampler"
-        sampling = Sampling(
-            index_sampler=index_sampler,
-            sampler_text=f"the {which} {type(index_sampler).__name__}",
-            seed=self.seed,
-            generator=self.generator,
-            flavor=self._flavor,
-        )
-        delivering = Delivering(
-            pin=bool(self.pin_memory),
-            pin_ahead=self.prefetch_factor or 1,
-            expected_length=self._IterableDataset_len_called,
-            stats=self._stats,
-            skip_budget=self.skip_bad_samples,
-            epoch_samples=epoch_samples(self.sampler, self.batch_sampler, self.dataset) if self.skip_bad_samples is not None else None,
-        )
-        return Plan(loading, running, sampling, delivering)
-
-    def _start_method(self) -> str:
-        if self.worker_method == "thread":
-            return "thread"
-        method = resolve_start_method(self.multiprocessing_context)
-        if method not in START_METHODS:
-            raise ValueError(f"unsupported start method {method!r}; use one of {START_METHODS}")
-        return method
+        """This loader's arguments as the parts each layer takes, made anew for
+        each pass, state or executor (loader_plan.py says why)."""
+        return make_plan(self)
 
     def _executor_for(self, plan: Plan, base_seed: int) -> tuple[Any, bool]:
         """The executor for a new pass, and whether the pass owns it

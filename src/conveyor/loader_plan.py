@@ -1,0 +1,122 @@
+"""How a DataLoader's arguments become its Plan (plan.py): the one place
+where the modes are decided, read off the loader each time a pass starts or
+a state is saved or loaded, so that arguments set between passes count.
+
+    DataLoader ──make_plan──▶ Plan
+        loading     FetchSpec: the dataset and its kind, batching, collate and
+                    its numpy route, reads in flight, errors a sample may be skipped for
+        running     Running: workers and where they run ("inline" for
+                    num_workers=0, "thread", or a start method), window, waits
+        sampling    Sampling: the index sampler, seed, generator, flavour
+        delivering  Delivering: pinning, torch's length check, the skip budget, stats
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Protocol
+
+from ._engine.executor.kinds import kind_of
+from ._engine.executor.records import Running
+from ._engine.loading.fetch import FetchSpec, collate_route
+from ._engine.workers.launch import START_METHODS, resolve_start_method
+from .plan import Delivering, Plan, Sampling
+from .skips import epoch_samples
+
+__all__ = ["LoaderArguments", "make_plan", "start_method"]
+
+
+class LoaderArguments(Protocol):
+    """What a plan is made of: the DataLoader's arguments as it keeps them."""
+
+    dataset: Any
+    batch_size: Optional[int]
+    drop_last: bool
+    sampler: Any
+    batch_sampler: Any
+    collate_fn: Callable[[Any], Any]
+    num_workers: int
+    prefetch_factor: Optional[int]
+    pin_memory: bool
+    timeout: float
+    worker_init_fn: Optional[Callable[[int], None]]
+    worker_method: str
+    multiprocessing_context: Any
+    in_order: bool
+    generator: Any
+    seed: Optional[int]
+    stall_warning: float
+    reads_in_flight: int
+    skip_bad_samples: Any
+    persistent_workers: bool
+    _flavor: str
+    _iterable: bool
+    _prefetch_given: bool
+    _stats: Any
+    _IterableDataset_len_called: Optional[int]
+
+    @property
+    def _auto_collation(self) -> bool: ...
+
+    @property
+    def _index_sampler(self) -> Any: ...
+
+
+def make_plan(loader: LoaderArguments) -> Plan:
+    """``loader``'s arguments as the parts each layer takes."""
+    collate_into, to_torch = collate_route(loader.collate_fn)
+    loading = FetchSpec(
+        dataset=loader.dataset,
+        kind=kind_of(loader._iterable),
+        auto_collation=loader._auto_collation,
+        batch_size=loader.batch_size,
+        drop_last=loader.drop_last,
+        collate_fn=loader.collate_fn,
+        collate_into=collate_into,
+        to_torch=to_torch,
+        reads_in_flight=loader.reads_in_flight,
+        skip_errors=loader.skip_bad_samples.errors if loader.skip_bad_samples is not None else (),
+    )
+    inline = loader.num_workers == 0  # (one worker, in this thread, loading nothing ahead: inline.py)
+    running = Running(
+        workers=1 if inline else loader.num_workers,
+        num_workers=loader.num_workers,
+        method="inline" if inline else start_method(loader.multiprocessing_context, loader.worker_method),
+        prefetch_factor=1 if inline or loader.prefetch_factor is None else loader.prefetch_factor,
+        deepen_small=not (inline or loader._prefetch_given),
+        in_order=loader.in_order,
+        timeout_s=0 if inline else loader.timeout,
+        worker_init_fn=None if inline else loader.worker_init_fn,
+        stall_warning_s=0.0 if inline else float(loader.stall_warning),
+        timed=loader._stats is not None,
+        persistent=loader.persistent_workers,
+    )
+    index_sampler = loader._index_sampler
+    which = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+    sampling = Sampling(
+        index_sampler=index_sampler,
+        sampler_text=f"the {which} {type(index_sampler).__name__}",
+        seed=loader.seed,
+        generator=loader.generator,
+        flavor=loader._flavor,
+    )
+    skipping = loader.skip_bad_samples is not None
+    delivering = Delivering(
+        pin=bool(loader.pin_memory),
+        pin_ahead=loader.prefetch_factor or 1,
+        expected_length=loader._IterableDataset_len_called,
+        stats=loader._stats,
+        skip_budget=loader.skip_bad_samples,
+        epoch_samples=epoch_samples(loader.sampler, loader.batch_sampler, loader.dataset) if skipping else None,
+    )
+    return Plan(loading, running, sampling, delivering)
+
+
+def start_method(multiprocessing_context: Any, worker_method: str) -> str:
+    """Where workers run when there are any: "thread", or the process start
+    method of ``multiprocessing_context`` (the platform's default when None)."""
+    if worker_method == "thread":
+        return "thread"
+    method = resolve_start_method(multiprocessing_context)
+    if method not in START_METHODS:
+        raise ValueError(f"unsupported start method {method!r}; use one of {START_METHODS}")
+    return method
