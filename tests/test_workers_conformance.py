@@ -33,7 +33,7 @@ from conveyor._engine.executor.kinds import MAP
 from conveyor._engine.workers.pool import WorkerPool
 from conveyor._engine.workers.threads import ThreadWorkers
 from conveyor._engine.loading.serving import Place, WorkerConfig
-from conveyor._engine.workers.protocol import EXITED, Sent
+from conveyor._engine.workers.protocol import EXITED
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,9 +116,9 @@ def send(pool, worker, batches, epoch_id=1, first=0):
     """Book and send ``batches`` (lists of indices) to ``worker``, as the executor does."""
     tasks = []
     for k, indices in enumerate(batches):
-        slot = pool.lend_slot()
-        worker.outstanding.append(Sent(epoch_id, first + k, slot))
-        tasks.append(Task(epoch_id, first + k, 99 + k, indices, slot))
+        task = Task(epoch_id, first + k, 99 + k, indices, pool.lend_slot())
+        worker.outstanding.append(task)
+        tasks.append(task)
     pool.send(worker, tasks)
 
 
@@ -126,10 +126,10 @@ def answer(pool, worker, message):
     """What the executor does with an answer: a batch's data (its slot is
     the batch's now, free once its views are gone), or the message (its
     slot given back)."""
-    sent = worker.outstanding.popleft()
+    task = worker.outstanding.popleft()
     if isinstance(message, Batch):
-        return np.array(pool.decode(worker, sent, message))  # (a copy: the views go at once)
-    pool.give_back(sent.slot)
+        return np.array(pool.decode(worker, task, message))  # (a copy: the views go at once)
+    pool.give_back(task.slot)
     return message
 
 

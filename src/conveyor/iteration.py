@@ -2,7 +2,7 @@
 
     iter(loader) ──▶ LoaderIterator(start, index sampler's batches, the loader's plan)
         plan:      replay (a resumed sampler that cannot jump) ──▶ _FirstDrawAhead
-                   ──▶ _plan: PlannedBatch(index, indices, seed) for each batch
+                   ──▶ _plan: Task(pass id, index, seed, indices) for each batch
         executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(batch_index, data | error, copies, timings, skipped)
         delivery:  skipped samples ──▶ SkipLedger (skip_bad_samples: log, stats, budget);
                    a batch whose every sample was skipped ──▶ the next one
@@ -29,8 +29,9 @@ from functools import partial
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
-from ._engine.executor.records import Delivered, Executor, PlannedBatch
+from ._engine.executor.records import Delivered, Executor
 from ._engine.executor.pin import PinThread, pin_tree
+from ._engine.transport.messages import Task
 from .plan import Plan
 from .sampler.replay import replay
 from .skips import BadSampleBudgetExceeded, SkipLedger
@@ -60,9 +61,10 @@ class LoaderIterator:
             indices = replay(indices, resume.sampler_skip, resume.first_batch, plan.sampling.sampler_text)
         drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, plan.sampling.index_sampler, first=first == 0))
         progress.draw_first = drawn.draw_first
-        batches = _plan(drawn, start.base_seed, first, skip, plan.loading.kind)
+        epoch_id = next(_pass_ids)
+        tasks = _plan(drawn, epoch_id, start.base_seed, first, skip, plan.loading.kind)
         try:
-            starting = executor.begin_epoch(next(_pass_ids), batches, first, skip, start.copies)
+            starting = executor.begin_epoch(epoch_id, tasks, first, skip, start.copies)
         except BaseException:  # (an iterable's __iter__ or load_state_dict raised, num_workers=0)
             if owned:
                 executor.shutdown()
@@ -171,11 +173,11 @@ class LoaderIterator:
         raise TypeError(f"{type(self).__name__} cannot be pickled; save loader.state_dict() instead")
 
 
-def _plan(indices: Iterator, base_seed: int, first_index: int, skip: frozenset, kind: Any) -> Iterator[PlannedBatch]:
-    """The epoch's batches from ``first_index`` on, each with its seed and
-    the time the sampler took to draw it, leaving out ``skip``. (A resumed
-    sampler that cannot jump has already drawn and dropped the batches
-    before ``first_index``: ``replay``.)"""
+def _plan(indices: Iterator, epoch_id: int, base_seed: int, first_index: int, skip: frozenset, kind: Any) -> Iterator[Task]:
+    """The pass's tasks from batch ``first_index`` on, each with its seed and
+    the time the sampler took to draw it, leaving out ``skip`` (the executor
+    books each as it sends it). (A resumed sampler that cannot jump has
+    already drawn and dropped the batches before ``first_index``: ``replay``.)"""
     batch_index = first_index
     while True:
         asked_at = perf_counter()
@@ -186,7 +188,8 @@ def _plan(indices: Iterator, base_seed: int, first_index: int, skip: frozenset, 
         if batch_index not in skip:
             # Map-style: the batch's own seed. Iterable: the base seed; the
             # fetcher derives each batch's from (worker, its batch count).
-            yield PlannedBatch(batch_index, batch, kind.batch_seed(base_seed, batch_index), perf_counter() - asked_at)
+            seed = kind.batch_seed(base_seed, batch_index)
+            yield Task(epoch_id, batch_index, seed, batch, sampler_s=perf_counter() - asked_at)
         batch_index += 1
 
 

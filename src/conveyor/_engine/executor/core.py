@@ -37,9 +37,9 @@ from typing import Any, Iterator, NoReturn, Optional
 
 from ..cpu import usable_cores
 from ..errors import describe_indices, live_workers_error
-from .results import Finished, decode, task_error, timings
+from .results import batch_arrived, task_error
 from . import failing
-from .records import Delivered, Lifecycle, PlannedBatch, Running, Timings, skipped_records
+from .records import Delivered, Lifecycle, Running
 from ..loading.fetch import FetchSpec
 from ..transport.messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
 from ..workers.pool import WorkerPool
@@ -50,7 +50,7 @@ from ..workers.inline import InlineWorkers
 from ..workers.threads import ThreadWorkers
 from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers
 from ..loading.serving import worker_config
-from ..workers.protocol import EXITED, Broken, Sent, WorkerView, Workers
+from ..workers.protocol import EXITED, Broken, WorkerView, Workers
 
 
 #: Batches in flight per worker while batches are small (Workers.small_batches)
@@ -97,10 +97,10 @@ class PoolExecutor:
         self._watchdog = StallWatchdog(running.stall_warning_s)
         # The pass in progress (begin_epoch).
         self._epoch_id = -1
-        self._tasks: Iterator[PlannedBatch] = iter(())
+        self._tasks: Iterator[Task] = iter(())
         self._plan_done = True
-        #: Batches sent to a worker and not answered yet.
-        self._pending: dict[int, PlannedBatch] = {}
+        #: Tasks sent to a worker and not answered yet, by batch index.
+        self._pending: dict[int, Task] = {}
         self._reorder = ReorderBuffer(running.in_order)
         self._progress: Any = NoCopies()  # (where an iterable's copies stand: kinds.py)
         self._restore: dict[int, Any] = {}
@@ -134,12 +134,14 @@ class PoolExecutor:
     def begin_epoch(
         self,
         epoch_id: int,
-        tasks: Iterator[PlannedBatch],
+        tasks: Iterator[Task],
         first_index: int = 0,
         skip: frozenset = frozenset(),
         workers_resume: Optional[dict] = None,
     ) -> Optional[dict]:
-        """Start a new pass; results of an abandoned pass are dropped on arrival.
+        """Start a new pass over ``tasks`` (the plan's: epoch, index, seed,
+        indices; each booked as it is sent, :meth:`_assign`); results of an
+        abandoned pass are dropped on arrival.
 
         A resumed epoch's plan starts at batch ``first_index`` and leaves out
         the batches in ``skip`` (delivered before the resume, with
@@ -184,9 +186,9 @@ class PoolExecutor:
             while True:
                 self._raise_if_unusable()  # shut down meanwhile (from another thread)
                 if not self._starting:
-                    finished = self._reorder.take()
-                    if finished is not None:
-                        return self._delivered(finished)
+                    waiting = self._reorder.take()
+                    if waiting is not None:
+                        return self._delivered(waiting)
                 self._dispatch()
                 if self._plan_done and not self._pending and not len(self._reorder):
                     self._reorder.finish()
@@ -200,18 +202,17 @@ class PoolExecutor:
             raise
         self._break(broken)
 
-    def _delivered(self, finished: Finished) -> Delivered:
-        self._progress.delivered(finished.worker.id, finished.worker_state)
+    def _delivered(self, waiting: Delivered) -> Delivered:
+        """A batch's turn: where the copies stand as of it, its timings completed."""
+        self._progress.handed_over(waiting.batch_index)
+        timings = waiting.timings
+        if timings is not None:
+            ready_s, self._ready_s = self._ready_s, None  # (told once: with the first batch after the workers started)
+            timings = timings.on_delivery(ready_s, self._pool.slots_in_use())
         return Delivered(
-            finished.batch_index, finished.data, finished.error, self._progress.snapshot(), self._timings(finished),
-            finished.skipped, finished.empty,
+            waiting.batch_index, waiting.data, waiting.error, self._progress.snapshot(), timings, waiting.skipped,
+            waiting.empty,
         )  # fmt: skip
-
-    def _timings(self, finished: Finished) -> Optional[Timings]:
-        if finished.times is None:
-            return None
-        ready_s, self._ready_s = self._ready_s, None  # (told once: with the first batch after the workers started)
-        return timings(finished, ready_s, self._pool.slots_in_use())
 
     # ------------------------------------------------------------- dispatch
     def _dispatch(self) -> None:
@@ -228,11 +229,12 @@ class PoolExecutor:
                         self._plan_done = True
                     break
                 try:
-                    planned = next(self._tasks)  # the user's sampler runs here
+                    task = next(self._tasks)  # the user's sampler runs here
                 except StopIteration:
                     self._plan_done = True
                     break
-                batches.setdefault(worker.id, []).append(self._assign(worker, planned))
+                self._assign(worker, task)
+                batches.setdefault(worker.id, []).append(task)
         finally:  # (also when the sampler raised: what was booked must be sent)
             for wid, tasks in batches.items():
                 self._pool.send(self._workers[wid], tasks)
@@ -243,23 +245,24 @@ class PoolExecutor:
         worker, self._turn = self.loading.kind.choose(self._workers, self._turn, running.in_order, running.prefetch_factor)
         return worker
 
-    def _assign(self, worker: WorkerView, planned: PlannedBatch) -> Task:
-        """Book a task for ``worker`` (a slot, its place in the queues)."""
-        slot = self._pool.lend_slot()
+    def _assign(self, worker: WorkerView, task: Task) -> None:
+        """Book ``task`` for ``worker``: a slot, where its copy resumes, its
+        fill threads, its place in the queues."""
+        task.slot = self._pool.lend_slot()
+        task.restore = self._restore.pop(worker.id, None)
         if not worker.outstanding:
             worker.busy_since = time.monotonic()
-        worker.outstanding.append(Sent(self._epoch_id, planned.batch_index, slot))
-        self._pending[planned.batch_index] = planned
-        restore = self._restore.pop(worker.id, None)
-        return Task(self._epoch_id, planned.batch_index, planned.seed, planned.indices, slot, restore, self._fill_threads(worker, planned))
+        worker.outstanding.append(task)
+        self._pending[task.batch_index] = task
+        task.fill_threads = self._fill_threads(worker, task)
 
-    def _fill_threads(self, worker: WorkerView, planned: PlannedBatch) -> int:
+    def _fill_threads(self, worker: WorkerView, task: Task) -> int:
         """How the batch's self-filling leaves (decoded images: rows.RowPlacer)
         are filled: an epoch's first batch, which the loop waits for, with a
         thread per core; another worker's first batch while that one loads,
         at a lower CPU priority (0), so as not to take the cores from it; else 1."""
         if self._first_task:
-            self._first_task, self._first_batch = False, planned.batch_index
+            self._first_task, self._first_batch = False, task.batch_index
             return FIRST_BATCH_FILL_THREADS
         if self._first_batch in self._pending and len(worker.outstanding) == 1:
             return 0
@@ -297,21 +300,11 @@ class PoolExecutor:
         if sent is None or message.epoch_id != self._epoch_id or message.batch_index not in self._pending:
             self._pool.give_back(sent.slot if sent is not None else None)
             return  # a result of an abandoned epoch
-        planned = self._pending.pop(message.batch_index)
+        task = self._pending.pop(message.batch_index)
         index = message.batch_index
         if isinstance(message, Batch):
-            arrived_at = perf_counter()
-            if message.empty:  # (every sample skipped: nothing in its slot)
-                self._pool.give_back(sent.slot)
-                data, error = None, None
-            else:
-                data, error = decode(self._pool, worker, sent, planned, message, self.loading.to_torch and self._pool.transports)
-            decoded = Finished(
-                index, worker, data, error, message.worker_state,
-                message.times, planned.sampler_s, perf_counter() - arrived_at if self._pool.transports else 0.0, arrived_at,
-                skipped_records(message.skipped, index, worker.describe()), message.empty,
-            )  # fmt: skip
-            self._reorder.put(index, decoded)
+            self._reorder.put(index, batch_arrived(self._pool, worker, sent, message, self.loading.to_torch and self._pool.transports))
+            self._progress.arrived(index, worker.id, message.worker_state)
             return
         self._pool.give_back(sent.slot)
         if isinstance(message, Exhausted):
@@ -319,7 +312,8 @@ class PoolExecutor:
             self._progress.exhausted(index, worker.id, message.worker_state)
             self._reorder.retire(index)
         elif isinstance(message, TaskFailed):
-            self._reorder.put(index, Finished(index, worker, error=task_error(worker, message, planned, self.running.threads)))
+            self._reorder.put(index, Delivered(index, error=task_error(worker, message, task, self.running.threads)))
+            self._progress.arrived(index, worker.id, None)
 
     # ------------------------------------------------------------- watching
     def _busy(self, with_stacks: bool = False) -> list[BusyWorker]:
@@ -332,8 +326,8 @@ class PoolExecutor:
         # Terminal, unlike torch: something is stuck, and the workers are
         # stopped now rather than whenever the traceback lets the iterator go.
         wanted = self._reorder.next_index if self.running.in_order else None
-        planned = self._pending.get(wanted) if wanted is not None else None
-        self._fail(failing.timeout_error(self.running.timeout_s, self._busy(), wanted, planned))
+        task = self._pending.get(wanted) if wanted is not None else None
+        self._fail(failing.timeout_error(self.running.timeout_s, self._busy(), wanted, task))
 
     # ------------------------------------------------------------- failures
     def _on_fatal(self, worker: WorkerView, fatal: Fatal) -> None:
@@ -356,8 +350,8 @@ class PoolExecutor:
         """"batch 3 (sample indices [6, 7])", for messages."""
         if batch_index is None:
             return "a batch"
-        planned = self._pending.get(batch_index)
-        return f"batch {batch_index}" + (f" ({describe_indices(planned.indices)})" if planned is not None else "")
+        task = self._pending.get(batch_index)
+        return f"batch {batch_index}" + (f" ({describe_indices(task.indices)})" if task is not None else "")
 
     def _fail(self, error: BaseException) -> NoReturn:
         """The one failure path: remember, stop everything, raise; later

@@ -52,10 +52,10 @@ def broken_error(broken: Broken, epoch_id: Optional[int], what: Callable[[Option
     return transport_error(broken.doing, what(batch_index), broken.worker.describe(), cause, where)
 
 
-def timeout_error(timeout_s: float, busy: list, wanted: Optional[int], planned: Any) -> RuntimeError:
+def timeout_error(timeout_s: float, busy: list, wanted: Optional[int], task: Any) -> RuntimeError:
     """The batch the loop waited for (``wanted``, None out of order) was
     later than ``timeout``: who was loading what."""
-    wanted_text = describe_indices(planned.indices) if planned is not None else ""
+    wanted_text = describe_indices(task.indices) if task is not None else ""
     return RuntimeError(
         f"DataLoader timed out after {timeout_s} seconds. (conveyor: {late_text(busy, wanted, wanted_text)}. "
         f"The workers were stopped; raise timeout=, or look for a slow or stuck sample.)"

@@ -35,7 +35,10 @@ class NoCopies:
     def started(self, worker_id: int, state: Any) -> None:
         pass
 
-    def delivered(self, worker_id: int, state: Any) -> None:
+    def arrived(self, batch_index: int, worker_id: int, state: Any) -> None:
+        pass
+
+    def handed_over(self, batch_index: int) -> None:
         pass
 
     def exhausted(self, batch_index: int, worker_id: int, state: Any) -> None:

@@ -28,6 +28,9 @@ class IterableProgress:
         #: Batch index -> (worker id, its state) of copies that ran out, until
         #: delivery passes that batch.
         self._exhausted_at: dict[int, tuple[int, Any]] = {}
+        #: Batch index -> (worker id, its state after it) of batches that
+        #: arrived and wait for their turn.
+        self._arrived: dict[int, tuple[int, Any]] = {}
 
     def restore_points(self) -> dict[int, Any]:
         """Worker id -> the state its copy resumes from (those with one)."""
@@ -42,6 +45,17 @@ class IterableProgress:
         if state is not None:
             self.states[worker_id] = state
         self.next_turn = (worker_id + 1) % len(self.states)
+
+    def arrived(self, batch_index: int, worker_id: int, state: Any) -> None:
+        """Batch ``batch_index`` of ``worker_id`` arrived, after which its copy
+        stands at ``state``: so it stands once the batch is handed over."""
+        self._arrived[batch_index] = (worker_id, state)
+
+    def handed_over(self, batch_index: int) -> None:
+        """Batch ``batch_index``, which arrived, is delivered now (:meth:`delivered`)."""
+        found = self._arrived.pop(batch_index, None)
+        if found is not None:
+            self.delivered(*found)
 
     def exhausted(self, batch_index: int, worker_id: int, state: Any) -> None:
         """``worker_id``'s copy ran out when asked for batch ``batch_index``."""

@@ -1,14 +1,18 @@
-"""What the loader's iterator and the executor exchange: the planned batch,
-the delivered one and its timings, and the executor's protocol.
+"""What the loader's iterator and the executor exchange: the tasks of the
+pass's plan, the delivered batches and their timings, and the executor's
+protocol.
 
-    loader iterator ──begin_epoch(plan of PlannedBatch)──▶ Executor ──next_batch()──▶ Delivered(batch_index, data | error, copies, timings)
+    loader iterator ──begin_epoch(plan: Tasks)──▶ Executor ──next_batch()──▶ Delivered(batch_index, data | error, copies, timings)
 
-The one executor (pool_executor.py) runs every batch through one
-``Workers`` implementation: inline (``num_workers=0``, inline.py), worker
-threads (threads.py) or worker processes (pool.py). The same tasks (batch
-index, sample indices, seed) give the same batches whatever the workers. A
-failure of one batch is that batch's ``Delivered.error`` and iteration
-goes on, as in torch.
+A batch crosses three records: what to load (``transport.messages.Task``),
+what came back (``Batch``, ``TaskFailed`` or ``Exhausted``) and what is
+delivered (:class:`Delivered`, which also waits in the reorder buffer for
+its turn). The one executor (``executor/core.py``) runs every batch
+through one ``Workers`` implementation: inline (``num_workers=0``,
+``workers/inline.py``), worker threads (``workers/threads.py``) or worker
+processes (``workers/pool.py``). The same tasks (batch index, sample
+indices, seed) give the same batches whatever the workers. A failure of one
+batch is that batch's ``Delivered.error`` and iteration goes on, as in torch.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import enum
 import math
 import struct
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Protocol
 
-from ..transport.messages import LoadTimes, pack_load_times, unpack_load_times
+from ..transport.messages import LoadTimes, Task, pack_load_times, unpack_load_times
 
 
 class Lifecycle(enum.Enum):
@@ -63,17 +68,6 @@ class Running:
         return self.method == "thread"
 
 
-@dataclass(frozen=True)
-class PlannedBatch:
-    """One batch of the plan: its position in the epoch, its indices, its
-    seed, and how long the sampler took to draw it."""
-
-    batch_index: int
-    indices: Any
-    seed: Optional[int]
-    sampler_s: float = 0.0
-
-
 class DeliveryTimes(NamedTuple):
     """The main process's part of a batch's timings (see Timings)."""
 
@@ -96,7 +90,7 @@ class DeliveryTimes(NamedTuple):
     slots_in_use: int = 0
 
 
-#: Packing and unpacking DeliveryTimes, as messages.py does LoadTimes.
+#: Packing and unpacking DeliveryTimes (Timings.delivery), as messages.py does LoadTimes.
 _PACKED_DELIVERY = struct.Struct("<6d3q")
 pack_delivery_times = _PACKED_DELIVERY.pack
 unpack_delivery_times = _PACKED_DELIVERY.unpack
@@ -104,12 +98,13 @@ unpack_delivery_times = _PACKED_DELIVERY.unpack
 
 class Timings(NamedTuple):
     """Where one batch's time went, in seconds, as two packed parts: the
-    loading thread's (``loading``: a packed LoadTimes, from the worker or
-    the in-process executor) and the main process's (``delivery``: a packed
-    DeliveryTimes). One is made and recorded per batch, so it is kept as
-    bytes, which cost next to nothing to make, keep and add up in bulk
-    (stats/recorder.py reads many at once with numpy); :meth:`fields`
-    unpacks them all, by name.
+    loading thread's (``loading``: a packed LoadTimes, from its worker) and
+    the main process's (``delivery``: a packed DeliveryTimes). One is made
+    and recorded per batch, so it is kept as bytes, which cost next to
+    nothing to keep and add up in bulk (stats/recorder.py reads many at
+    once with numpy); :meth:`fields` unpacks them all, by name. The
+    executor makes it as the batch arrives (:meth:`on_arrival`) and
+    completes it as the batch is delivered (:meth:`on_delivery`).
 
     Times are ``time.perf_counter()`` readings, a clock every process of
     the machine shares on Linux, so a worker's spans line up with the main
@@ -125,6 +120,26 @@ class Timings(NamedTuple):
         delivery = DeliveryTimes(**fields)
         return cls(pack_load_times(*loading), pack_delivery_times(*delivery))
 
+    @classmethod
+    def on_arrival(
+        cls, loading: LoadTimes, sampler_s: float, decode_s: float, arrived_at: float, worker_ids: tuple[int, int]
+    ) -> "Timings":
+        """A batch's timings as the main process has it in hand (``worker_ids``:
+        WorkerView.timing_ids); what only its delivery knows is 0 until :meth:`on_delivery`."""
+        delivery = pack_delivery_times(sampler_s, decode_s, 0.0, 0.0, arrived_at, math.nan, *worker_ids, 0)
+        return cls(pack_load_times(*loading), delivery)
+
+    def on_delivery(self, workers_ready_s: Optional[float], slots_in_use: int) -> "Timings":
+        """Completed as the batch is delivered: how long it waited since it
+        arrived, ``workers_ready_s`` (the first batch after the workers
+        started; None on the others) and the slots lent out now."""
+        main = DeliveryTimes._make(unpack_delivery_times(self.delivery))
+        delivery = pack_delivery_times(
+            main.sampler_s, main.decode_s, perf_counter() - main.arrived_at, main.pin_s, main.arrived_at,
+            math.nan if workers_ready_s is None else workers_ready_s, main.worker_id, main.worker_pid, slots_in_use,
+        )  # fmt: skip
+        return Timings(self.loading, delivery)
+
     def fields(self) -> dict:
         """Every field by name."""
         return {
@@ -137,14 +152,14 @@ class Timings(NamedTuple):
         return self._replace(delivery=pack_delivery_times(*values))
 
 
-
-
 class Delivered(NamedTuple):
     """One batch as the executor hands it out: its index in the epoch, and
     its data or the exception loading it raised (which still counts as
-    delivered, as in torch); a named tuple, as Timings. For an iterable dataset, ``copies`` is where
-    each copy stood as of this batch (one per worker, or the one of
-    ``num_workers=0``; a plain dict, see progress.py)."""
+    delivered, as in torch); a named tuple, as Timings. For an iterable
+    dataset, ``copies`` is where each copy stood as of this batch (one per
+    worker, or the one of ``num_workers=0``; a plain dict, see progress.py).
+    The executor makes it as the batch arrives and holds it in its reorder
+    buffer until its turn, then adds ``copies`` and completes ``timings``."""
 
     batch_index: int
     data: Any = None
@@ -164,12 +179,13 @@ class Executor(Protocol):
     def begin_epoch(
         self,
         epoch_id: int,
-        tasks: Iterator[PlannedBatch],
+        tasks: Iterator[Task],
         first_index: int = 0,
         skip: frozenset = frozenset(),
         workers_resume: Optional[dict] = None,
     ) -> Optional[dict]:
-        """Start a pass over ``tasks`` (see PoolExecutor.begin_epoch); where
+        """Start a pass over ``tasks`` (the plan's, each booked by the
+        executor as it sends it: see PoolExecutor.begin_epoch); where
         an iterable dataset's copies stand as it starts (None: fresh copies
         of the dataset as it is, or a map-style dataset)."""
 

@@ -94,7 +94,7 @@ def busy_workers(workers: Iterable[Any], epoch_id: int, pending: Mapping[int, An
                  with_stacks: bool) -> list[BusyWorker]:
     """What each worker (a workers.WorkerView) with something in hand is
     doing: starting up, or loading the batch of this epoch it began first
-    (``pending``: batch index -> its PlannedBatch). ``with_stacks`` asks
+    (``pending``: batch index -> its Task). ``with_stacks`` asks
     each one for its Python stack (a signal; about 50 ms each)."""
     now = time.monotonic()
     busy = []

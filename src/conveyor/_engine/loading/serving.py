@@ -4,16 +4,16 @@
         new epoch: an iterable copy starts (its __iter__, its state loaded)
         the batch's seed ──▶ the global generators (as the worker's Place says) and each sample's
         fetch (fetch.py) ──▶ collate into the slot's writer, or arrays of their own
-        timings (StageClock, ThreadClock) ──▶ a packed LoadTimes
+        timings (StageClock, ThreadClock) ──▶ LoadTimes (packed only to cross a pipe: messages.py)
 
 Where a worker runs is its :class:`Place`, chosen once when the pool starts:
 
-  * ``PROCESS`` (pool.py, worker.py): the process is the worker's own; the
+  * ``PROCESS`` (workers/pool.py, workers/process.py): the process is the worker's own; the
     global generators are seeded per batch; a failure travels as text.
-  * ``THREAD`` (threads.py): the process is the training loop's; the global
+  * ``THREAD`` (workers/threads.py): the process is the training loop's; the global
     generators are left alone (``conveyor.sample_rng()`` gives each sample
     its own); a failure travels as text, as from a process.
-  * ``INLINE`` (inline.py, ``num_workers=0``): the loop's own thread; the
+  * ``INLINE`` (workers/inline.py, ``num_workers=0``): the loop's own thread; the
     global generators are seeded for the batch and put back after it, and a
     failure is the user's own exception object, as torch raises it.
 
@@ -38,7 +38,7 @@ from ..cpu import ThreadClock
 from ..errors import capture_failure
 from .fetch import EndOfData, FetchSpec, StageClock, fetch_seeded
 from .reads import EmptyBatch
-from ..transport.messages import Batch, Exhausted, Fatal, Task, TaskFailed, pack_load_times
+from ..transport.messages import Batch, Exhausted, Fatal, LoadTimes, Task, TaskFailed
 from .rows import RowPlacer, SlotAllocator
 from ..transport.encoding import encode
 from ..transport.slots import SlotWriter
@@ -212,14 +212,14 @@ class Serving:
         if close is not None:
             close()
 
-    def _times(self, clock: StageClock) -> bytes:
-        """The batch's LoadTimes, packed; its stages ended when ``clock`` says,
+    def _times(self, clock: StageClock) -> LoadTimes:
+        """The batch's LoadTimes: its stages ended when ``clock`` says,
         and encoding now (the CPU figures are read first, inside the span)."""
         cpu_s, cpu_wait_s = self._cpu.end()
         started_at, fetched_at, collated_at = clock.started_at, clock.fetched_at, clock.collated_at
         # (inline, the batch is handed over as it is: nothing is encoded)
         encode_s = 0.0 if self.config.place is Place.INLINE else perf_counter() - collated_at
-        return pack_load_times(
+        return LoadTimes(
             clock.samples, started_at, fetched_at - started_at, collated_at - fetched_at, encode_s, cpu_s, cpu_wait_s
         )
 

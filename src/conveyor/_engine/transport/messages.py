@@ -1,10 +1,17 @@
 """Messages between the main process and the workers.
 
-Every message is a named frozen dataclass; nothing is told apart by a tuple's
-length or position. They are pickled on the way, so they hold plain values.
+Every message is a named dataclass; nothing is told apart by a tuple's
+length or position. A batch crosses three records: what to load
+(:class:`Task`), what came back (:class:`Batch`, :class:`TaskFailed` or
+:class:`Exhausted`), and what is delivered (``executor.records.Delivered``).
 
     main ──Task / Stop──────────────────────────▶ worker
     main ◀──Ready / Batch / TaskFailed / Exhausted / Fatal── worker
+
+Inline and thread workers hand these objects over as they are; only a
+worker process's pipe pickles them, and what crosses a pipe is packed
+there: a Task leaves its main-process fields at home, a Batch's
+:class:`LoadTimes` travel as 56 bytes (``Batch.__reduce__``).
 """
 
 from __future__ import annotations
@@ -14,9 +21,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
 
-@dataclass(frozen=True)
+@dataclass
 class Task:
-    """Load one batch.
+    """Load one batch: what to load, from the loader's plan to a worker.
+
+    The pass's plan makes it (``iteration._plan``: epoch, index, seed,
+    indices, the sampler's time); the executor books it when it hands it to
+    a worker (``slot``, ``restore``, ``fill_threads``) and keeps it until
+    its answer arrives; nothing changes it after.
 
     ``epoch_id`` counts iterations of the loader so that results of an
     abandoned epoch are recognised and dropped; ``seed`` is the batch's seed
@@ -34,13 +46,21 @@ class Task:
     #: None: send it inline (no slot free, or shared memory is off).
     slot: Optional[int] = None
     #: A resumed epoch's first task to a worker: where its copy of an
-    #: iterable dataset stood (see ``worker.iterable_state``).
+    #: iterable dataset stood (see ``IterableFetcher.begin_epoch``).
     restore: Any = None
     #: Threads that fill the batch's self-filling leaves (rows.RowPlacer):
     #: more than 1 for the first batch of an epoch, which the loop waits for;
     #: 0: one thread at a lower CPU priority (another worker's first batch
     #: while that one loads).
     fill_threads: int = 1
+    #: Seconds the sampler took to draw the indices (the batch's timings);
+    #: stays in the main process.
+    sampler_s: float = 0.0
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """What crosses to a worker process: the fields a worker reads, in
+        order (smaller and quicker to read back than field by name)."""
+        return (Task, (self.epoch_id, self.batch_index, self.seed, self.indices, self.slot, self.restore, self.fill_threads))
 
 
 @dataclass(frozen=True)
@@ -59,9 +79,10 @@ class Ready:
 
 class LoadTimes(NamedTuple):
     """How long a worker took over one batch, in seconds (see
-    ``executor.Timings``, which the main process builds from it). It
-    travels packed (``pack_load_times``): 56 bytes that pickle for free, where a
-    named tuple would cost several microseconds a batch each way."""
+    ``executor.records.Timings``, which the main process builds from it).
+    Inline and thread workers hand it over as it is; across a process's pipe
+    it travels packed (:meth:`Batch.__reduce__`): 56 bytes that pickle for
+    free, where a named tuple would cost several microseconds a batch each way."""
 
     samples: int
     started_at: float
@@ -76,10 +97,9 @@ class LoadTimes(NamedTuple):
     cpu_wait_s: float
 
 
-
-_PACKED_LOAD_TIMES = struct.Struct("<q6d")
 #: ``pack_load_times(*fields)`` -> bytes, and back to a plain tuple of the
-#: fields in order (per batch, without making a LoadTimes on the way).
+#: fields in order (the layout the stats read many of at once: Timings.loading).
+_PACKED_LOAD_TIMES = struct.Struct("<q6d")
 pack_load_times = _PACKED_LOAD_TIMES.pack
 unpack_load_times = _PACKED_LOAD_TIMES.unpack
 
@@ -101,12 +121,28 @@ class Batch:
     #: Where the worker's iterable dataset stands after this batch, when it
     #: has state_dict (for DataLoader.state_dict).
     worker_state: Any = None
-    #: ``pack_load_times(...)`` of a LoadTimes' fields; None when stats are off.
-    times: Optional[bytes] = None
+    #: How long loading took; None when stats are off.
+    times: Optional[LoadTimes] = None
     #: Samples left out (skip_bad_samples): (index, "Type: message", traceback).
     skipped: tuple = ()
     #: Every sample was left out: no data, no batch for the user.
     empty: bool = False
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """What crosses a worker process's pipe: the fields in order, the
+        LoadTimes packed."""
+        times = None if self.times is None else pack_load_times(*self.times)
+        return (_batch_from_pipe, (
+            self.epoch_id, self.batch_index, self.worker_id, self.data, self.used, self.slot_size,
+            self.note, self.worker_state, times, self.skipped, self.empty,
+        ))  # fmt: skip
+
+
+def _batch_from_pipe(epoch_id: int, batch_index: int, worker_id: int, data: Any, used: int, slot_size: int,
+                     note: Optional[str], worker_state: Any, times: Optional[bytes], skipped: tuple, empty: bool) -> Batch:
+    """A Batch as it arrives through a pipe (Batch.__reduce__), its LoadTimes unpacked."""
+    load_times = None if times is None else LoadTimes._make(unpack_load_times(times))
+    return Batch(epoch_id, batch_index, worker_id, data, used, slot_size, note, worker_state, load_times, skipped, empty)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,6 @@ from typing import Any, Callable, Optional
 from ..loading.fetch import make_fetcher
 from ..transport.messages import Batch, Task
 from ..loading.serving import Serving, WorkerConfig, WorkerFds
-from .protocol import Sent
 
 
 @dataclass(eq=False)
@@ -58,10 +57,10 @@ class InlineHandle:
     def pid(self) -> int:
         return os.getpid()
 
-    def current(self, epoch_id: int) -> Optional[Sent]:
-        for sent in self.outstanding:
-            if sent.epoch_id == epoch_id:
-                return sent
+    def current(self, epoch_id: int) -> Optional[Task]:
+        for task in self.outstanding:
+            if task.epoch_id == epoch_id:
+                return task
         return None
 
     def describe(self) -> str:
@@ -118,7 +117,7 @@ class InlineWorkers:
         worker.thread = threading.get_ident()
         return [(worker, self._serving.load(self._queue.popleft()))]
 
-    def decode(self, worker: InlineHandle, sent: Sent, message: Batch) -> Any:
+    def decode(self, worker: InlineHandle, task: Task, message: Batch) -> Any:
         return message.data
 
     def exit_error(self, worker: InlineHandle, what: Optional[str], starting: bool = False) -> BaseException:

@@ -33,7 +33,7 @@ from .stacks import StackFile
 from ..transport.wire import pack
 from ..loading.serving import WorkerConfig, WorkerFds
 from .poller import Event, Poller, fileno
-from .protocol import EXITED, Broken, Sent
+from .protocol import EXITED, Broken
 
 #: After Stop, how long workers get to finish and exit before they are killed.
 #: Short: workers hold nothing that needs a graceful end, and users wait on it.
@@ -73,11 +73,11 @@ class WorkerHandle:
         """(worker id, pid) in a batch's timings."""
         return self.id, self.process.pid
 
-    def current(self, epoch_id: int) -> Optional[Sent]:
+    def current(self, epoch_id: int) -> Optional[Task]:
         """The task of this epoch it is working on, if any."""
-        for sent in self.outstanding:
-            if sent.epoch_id == epoch_id:
-                return sent
+        for task in self.outstanding:
+            if task.epoch_id == epoch_id:
+                return task
         return None
 
     @property
@@ -309,7 +309,7 @@ class WorkerPool:
         this_block, last_block, count = self._sizes
         return count >= 0 and max(this_block, last_block) < SMALL_BATCH_BYTES
 
-    def decode(self, worker: WorkerHandle, sent: Sent, message: Batch) -> Any:
+    def decode(self, worker: WorkerHandle, task: Task, message: Batch) -> Any:
         """The batch's data: views on its slot (numpy leaves), or what came
         through the pipe when it did not fit."""
         if message.note and not self._noted:
@@ -319,12 +319,12 @@ class WorkerPool:
                 f"data, slower). Free memory, or lower batch_size, prefetch_factor or num_workers.",
                 stacklevel=7,
             )
-        if sent.slot is None or message.used == 0:
-            self.give_back(sent.slot)
+        if task.slot is None or message.used == 0:
+            self.give_back(task.slot)
             return message.data
         assert self.slots is not None  # (a slot was lent: there are slots)
         try:
-            return self.slots.decode(message.data, sent.slot, message.slot_size, message.used)
+            return self.slots.decode(message.data, task.slot, message.slot_size, message.used)
         except Exception as exc:
             raise Broken(worker, message.batch_index, "could not map the shared memory of", exc) from None
 

@@ -1,9 +1,9 @@
-"""What the pool executor (pool_executor.py) asks of a set of workers,
-whether processes (pool.py) or threads (threads.py).
+"""What the executor (executor/core.py) asks of a set of workers, whether
+inline (inline.py), threads (threads.py) or processes (pool.py).
 
     executor ──send(worker, tasks)──▶ Workers ──▶ worker 0..N-1
              ◀──wait(timeout): (worker, message) … (worker, EXITED)──
-             ──decode(worker, sent, Batch)──▶ the batch's data
+             ──decode(worker, task, Batch)──▶ the batch's data
 
 The executor keeps the books (who has which task, in which order to
 deliver); a ``Workers`` only knows how to reach its workers, how to read
@@ -14,19 +14,9 @@ raised as :class:`Broken`, which the executor turns into its one failure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from ..transport.messages import Batch, Task
-
-
-@dataclass(frozen=True)
-class Sent:
-    """A task sent to a worker and not answered yet."""
-
-    epoch_id: int
-    batch_index: int
-    slot: Optional[int]
 
 
 class _Exited:
@@ -53,11 +43,11 @@ class Broken(Exception):
 
 
 class WorkerView(Protocol):
-    """The executor's view of one worker (pool.WorkerHandle, threads.ThreadHandle)."""
+    """The executor's view of one worker (pool.WorkerHandle, threads.ThreadHandle, inline.InlineHandle)."""
 
     id: int
     #: Tasks sent and not yet answered, oldest first (a worker serves them in order).
-    outstanding: Any
+    outstanding: Any  # (a deque of Task)
     #: False once its copy of an iterable dataset ran out this epoch.
     active: bool
     exited: bool
@@ -73,7 +63,7 @@ class WorkerView(Protocol):
     def timing_ids(self) -> tuple[int, int]:
         """(worker id, pid) in a batch's timings; (-1, 0) for the main process."""
 
-    def current(self, epoch_id: int) -> Optional[Sent]:
+    def current(self, epoch_id: int) -> Optional[Task]:
         """The task of this epoch it is working on, if any."""
 
     def describe(self) -> str:
@@ -121,8 +111,9 @@ class Workers(Protocol):
         """(worker, message) for what arrived, and (worker, EXITED) for a
         worker that ended, after its messages; [] at the timeout."""
 
-    def decode(self, worker: Any, sent: Sent, message: Batch) -> Any:
-        """The batch's data as the user gets it (numpy leaves)."""
+    def decode(self, worker: Any, task: Task, message: Batch) -> Any:
+        """The batch's data as the user gets it (numpy leaves), from the
+        answer to ``task`` (its slot)."""
 
     def exit_error(self, worker: Any, what: Optional[str], starting: bool = False) -> BaseException:
         """The error for ``worker`` having ended while the loader ran;

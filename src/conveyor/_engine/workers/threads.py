@@ -43,7 +43,7 @@ from ..transport.messages import Batch, Ready, Task
 from .pool import STOP_GRACE_S
 from ..torch_hook import when_torch_loads
 from ..loading.serving import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
-from .protocol import EXITED, Sent
+from .protocol import EXITED
 
 
 @dataclass(eq=False)
@@ -72,10 +72,10 @@ class ThreadHandle:
         """(worker id, pid) in a batch's timings."""
         return self.id, os.getpid()
 
-    def current(self, epoch_id: int) -> Optional[Sent]:
-        for sent in self.outstanding:
-            if sent.epoch_id == epoch_id:
-                return sent
+    def current(self, epoch_id: int) -> Optional[Task]:
+        for task in self.outstanding:
+            if task.epoch_id == epoch_id:
+                return task
         return None
 
     def describe(self) -> str:
@@ -149,7 +149,7 @@ class ThreadWorkers:
                 worker.thread.join(STOP_GRACE_S)
         return arrived
 
-    def decode(self, worker: ThreadHandle, sent: Sent, message: Batch) -> Any:
+    def decode(self, worker: ThreadHandle, task: Task, message: Batch) -> Any:
         return message.data
 
     def exit_error(self, worker: ThreadHandle, what: Optional[str], starting: bool = False) -> BaseException:
