@@ -32,9 +32,6 @@ WAITING = {
     ("conveyor._engine.loading.serving", "conveyor"),
     ("conveyor._engine.workers.process", "conveyor"),
     ("conveyor._engine.workers.threads", "conveyor"),
-    ("conveyor.state_format", "conveyor"),
-    ("conveyor.images.decode", "conveyor.images"),
-    ("conveyor.images.transforms", "conveyor.images"),
 }
 
 

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .rng import is_torch_generator
+
 
 #: Version of the loader state layout; a state of another version is refused.
 #: 2: the copies of an iterable dataset (workers, or the one in-process) are
@@ -152,13 +154,11 @@ def _rank_layout(view: LoaderView) -> dict[str, Any]:
 
 
 def _generator_kind(view: LoaderView) -> str:
-    from . import rng
-
     if view.seed is not None:
         return "seed"
     if view.generator is None:
         return "global"
-    return "torch" if rng.is_torch_generator(view.generator) else type(view.generator).__name__
+    return "torch" if is_torch_generator(view.generator) else type(view.generator).__name__
 
 
 # ------------------------------------------------------------------ sealing

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import turbojpeg
+from .turbojpeg import TurboJpegError, decode_region, library, read_header
 from .boxes import Box
 from .geometry import choose_scale, plan_decode
 from .resample import OutputFormat, scratch
@@ -37,11 +37,11 @@ class Source(NamedTuple):
 
 def read_size(data: Any, use_turbojpeg: bool = True) -> Source:
     """The image's size from its header, and the decoder that will read it."""
-    if use_turbojpeg and turbojpeg.library() is not None:
+    if use_turbojpeg and library() is not None:
         try:
-            header = turbojpeg.read_header(data)
+            header = read_header(data)
             return Source(header.height, header.width, TURBOJPEG, header.mcu_width)
-        except turbojpeg.TurboJpegError:
+        except TurboJpegError:
             pass  # not a JPEG TurboJPEG decodes to RGB: Pillow's turn
     from PIL import Image
 
@@ -57,7 +57,7 @@ def decode_box(data: Any, source: Source, box: Box, flip: bool, output: OutputFo
         plan = plan_decode(box, source.height, source.width, source.mcu_width, out_h, out_w)
         x, y, w, h = plan.region
         region = scratch((h, w, 3))
-        turbojpeg.decode_region(data, plan.scale, plan.region, region)
+        decode_region(data, plan.scale, plan.region, region)
         output.write(region, plan.inside, flip, out)
     else:
         output.write(_pillow_crop(data, source, box, out_h, out_w), (0, 0, out_h, out_w), flip, out)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..collate import register_collate
 from ..rng import sample_rng
-from . import turbojpeg
+from .turbojpeg import library
 from .boxes import Box, check_range, random_resized_crop_box
 from .decode import Source, decode_box, read_size
 from .resample import OutputFormat, opencv
@@ -123,7 +123,7 @@ class RandomResizedCrop:
         self.use_turbojpeg = bool(use_turbojpeg)
         # Load the libraries now, in the main process: forked workers then start with them.
         if self.use_turbojpeg:
-            turbojpeg.library()
+            library()
         opencv()
 
     def __call__(self, data: Any) -> PendingImage:
