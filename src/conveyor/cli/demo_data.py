@@ -2,8 +2,8 @@
 the map-style dataset that reads such a folder (or a real one) as
 ``(image, label)`` samples, decoded with Pillow, randomly cropped and flipped.
 
-examples/images.py and bench/run.py read the same folder through
-``conveyor.cli.demo``, which names everything here.
+examples/images.py and bench/run.py import ImageFolder, default_cache_dir and
+make_synthetic_images from ``conveyor.cli.demo``, which names them too.
 """
 
 from __future__ import annotations
