@@ -103,9 +103,9 @@ class Leaves:
 @pytest.mark.timeout(60)
 def test_an_epochs_first_batch_is_filled_by_a_thread_per_core_and_the_other_workers_wait_their_turn(monkeypatch):
     import conveyor
-    from conveyor._engine.executor import core as pool_executor
+    from conveyor._engine.executor import dispatch
 
-    monkeypatch.setattr(pool_executor, "FIRST_BATCH_FILL_THREADS", 2)
+    monkeypatch.setattr(dispatch, "FIRST_BATCH_FILL_THREADS", 2)
     loader = conveyor.DataLoader(Leaves(), batch_size=8, num_workers=2, prefetch_factor=2)
     for _ in range(2):  # (each epoch)
         batches = [set(batch[:, 0].tolist()) for batch in loader]

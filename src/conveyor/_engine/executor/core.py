@@ -1,13 +1,15 @@
-"""The executor that runs fetch + collate in workers: processes (pool.py) or
-threads of this process (threads.py), chosen by ``worker_method``.
+"""The executor that runs fetch + collate in workers: inline (``num_workers=0``,
+workers/inline.py), processes (workers/pool.py) or threads of this process
+(workers/threads.py), chosen by ``worker_method``.
 
-    plan ──▶ dispatch ──Tasks──▶ workers ──results──▶ collect
-         ──▶ decode (views on a shared-memory slot, or the batch itself) ──▶ ReorderBuffer ──▶ Delivered
+    plan (Tasks) ──▶ dispatch ──Tasks──▶ workers ──Batch | TaskFailed | Exhausted──▶ collect
+         ──▶ decode (views on a shared-memory slot, or the batch itself) ──▶ Delivered
+         ──▶ ReorderBuffer ──▶ its turn: copies, timings completed ──▶ Delivered
 
 Actors:
-  * dispatch: keeps ``prefetch_factor × num_workers`` batches between plan
-    and delivery (more for small batches, see SMALL_BATCH_WINDOW); a
-    round's tasks for one worker travel together; sending never waits.
+  * dispatch (dispatch.py): keeps ``prefetch_factor × num_workers``
+    batches between plan and delivery (more for small batches); a round's
+    tasks for one worker travel together; sending never waits.
   * collect: one wait over every worker's results and exits, so a dead
     worker is noticed the moment it dies; nothing is delivered before
     every worker said Ready (a failing ``worker_init_fn`` comes first).
@@ -16,13 +18,13 @@ Actors:
     ``timeout`` makes a late batch an error naming it.
   * one failure path (``_fail``) and one idempotent shutdown (``shutdown``).
 
-This module decides what each worker does; a :class:`Workers` (pool.py's
-``WorkerPool``, threads.py's ``ThreadWorkers``) reaches and ends them, and
-reports what cannot cross as :class:`Broken`. A failure of one batch (the
-user's exception, a conversion to tensors) is that batch's
-``Delivered.error`` and the pool carries on, as in torch; anything that
-breaks the pool (a dead worker, a message that cannot cross) stops every
-worker and is raised by every later ``next_batch``.
+This module drives the pass and its workers; a :class:`Workers` (the
+workers package: ``InlineWorkers``, ``WorkerPool``, ``ThreadWorkers``)
+reaches and ends them, and reports what cannot cross as :class:`Broken`.
+A failure of one batch (the user's exception, a conversion to tensors) is
+that batch's ``Delivered.error`` and the pool carries on, as in torch;
+anything that breaks the pool (a dead worker, a message that cannot cross)
+stops every worker and is raised by every later ``next_batch``.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ from functools import partial
 from time import perf_counter
 from typing import Any, Iterator, NoReturn, Optional
 
-from ..cpu import usable_cores
 from ..errors import describe_indices, live_workers_error
 from .results import batch_arrived, task_error
 from . import failing
+from .dispatch import Dispatcher
 from .records import Delivered, Lifecycle, Running
 from ..loading.fetch import FetchSpec
 from ..transport.messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
@@ -51,20 +53,6 @@ from ..workers.threads import ThreadWorkers
 from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers
 from ..loading.serving import worker_config
 from ..workers.protocol import EXITED, Broken, WorkerView, Workers
-
-
-#: Batches in flight per worker while batches are small (Workers.small_batches)
-#: and the user left prefetch_factor to conveyor: each then costs its round
-#: trip, not memory, and a deeper queue lets a worker go on while the main
-#: process is busy (bench b: about 1.6x the batches/s). A prefetch_factor
-#: the user gives is a bound, kept exactly.
-SMALL_BATCH_WINDOW = 16
-
-
-#: Threads filling the self-filling leaves of an epoch's first batch (rows.RowPlacer):
-#: one per usable core, so that the batch the loop waits for does not wait for
-#: one thread while the other workers are still starting.
-FIRST_BATCH_FILL_THREADS = usable_cores()
 
 
 def _workers_for(start_method: str) -> Workers:
@@ -97,21 +85,14 @@ class PoolExecutor:
         self._watchdog = StallWatchdog(running.stall_warning_s)
         # The pass in progress (begin_epoch).
         self._epoch_id = -1
-        self._tasks: Iterator[Task] = iter(())
-        self._plan_done = True
-        #: Tasks sent to a worker and not answered yet, by batch index.
-        self._pending: dict[int, Task] = {}
+        self._dispatch = Dispatcher(self._pool, running, loading.kind)
+        #: Tasks sent to a worker and not answered yet, by batch index (the dispatcher's).
+        self._pending = self._dispatch.pending
         self._reorder = ReorderBuffer(running.in_order)
         self._progress: Any = NoCopies()  # (where an iterable's copies stand: kinds.py)
-        self._restore: dict[int, Any] = {}
-        self._turn = 0  # (whose turn it is: round robin starts at worker 0, as torch's)
         self._started_at = 0.0
         #: Seconds the workers took to be ready, until a delivered batch carries it.
         self._ready_s: Optional[float] = None
-        #: The next task is an epoch's first (the loop waits for it while the other workers start).
-        self._first_task = False
-        #: That first batch's index while it loads (None once it is back, or before an epoch).
-        self._first_batch: Optional[int] = None
 
     # ----------------------------------------------------------------- start
     def start(self) -> None:
@@ -140,7 +121,7 @@ class PoolExecutor:
         workers_resume: Optional[dict] = None,
     ) -> Optional[dict]:
         """Start a new pass over ``tasks`` (the plan's: epoch, index, seed,
-        indices; each booked as it is sent, :meth:`_assign`); results of an
+        indices; each booked as it is sent, dispatch.py); results of an
         abandoned pass are dropped on arrival.
 
         A resumed epoch's plan starts at batch ``first_index`` and leaves out
@@ -155,22 +136,17 @@ class PoolExecutor:
         """
         self._raise_if_unusable()
         self._epoch_id = epoch_id
-        self._tasks = tasks
-        self._plan_done = False
-        self._pending.clear()
-        self._first_task = True
         for worker in self._workers:
             worker.active = True
         self._progress = progress = self.loading.kind.progress(len(self._workers), workers_resume)
-        self._turn = progress.next_turn
-        self._restore = progress.restore_points()
+        self._dispatch.begin(tasks, progress.next_turn, progress.restore_points())
         for wid in progress.retired:
             self._workers[wid].active = False
         self._reorder = ReorderBuffer(self.running.in_order, first_index, skip, progress.passed)
-        started = self._pool.begin_epoch(epoch_id, self._restore)
+        started = self._pool.begin_epoch(epoch_id, self._dispatch.restore)
         if started is None:
             return workers_resume
-        self._restore = {}  # (loaded already, where the copies started)
+        self._dispatch.restore = {}  # (loaded already, where the copies started)
         for wid, state in started.items():
             self._progress.started(wid, state)
         return self._progress.snapshot()
@@ -189,8 +165,8 @@ class PoolExecutor:
                     waiting = self._reorder.take()
                     if waiting is not None:
                         return self._delivered(waiting)
-                self._dispatch()
-                if self._plan_done and not self._pending and not len(self._reorder):
+                self._dispatch.fill(len(self._reorder))
+                if self._dispatch.plan_done and not self._pending and not len(self._reorder):
                     self._reorder.finish()
                     # The value: where the workers' copies stand at the end (iterable datasets).
                     raise StopIteration(self._progress.snapshot())
@@ -213,60 +189,6 @@ class PoolExecutor:
             waiting.batch_index, waiting.data, waiting.error, self._progress.snapshot(), timings, waiting.skipped,
             waiting.empty,
         )  # fmt: skip
-
-    # ------------------------------------------------------------- dispatch
-    def _dispatch(self) -> None:
-        """Fill the window; the tasks of one round go to each worker together."""
-        cfg = self.running
-        deepen = cfg.deepen_small and self._pool.small_batches
-        limit = cfg.workers * (max(cfg.prefetch_factor, SMALL_BATCH_WINDOW) if deepen else cfg.prefetch_factor)
-        batches: dict[int, list[Task]] = {}
-        try:
-            while not self._plan_done and len(self._pending) + len(self._reorder) < limit:
-                worker = self._choose_worker()
-                if worker is None:
-                    if not any(w.active and not w.exited for w in self._workers):
-                        self._plan_done = True
-                    break
-                try:
-                    task = next(self._tasks)  # the user's sampler runs here
-                except StopIteration:
-                    self._plan_done = True
-                    break
-                self._assign(worker, task)
-                batches.setdefault(worker.id, []).append(task)
-        finally:  # (also when the sampler raised: what was booked must be sent)
-            for wid, tasks in batches.items():
-                self._pool.send(self._workers[wid], tasks)
-
-    def _choose_worker(self) -> Optional[WorkerView]:
-        """Who loads the next batch, as the dataset's kind says (kinds.py)."""
-        running = self.running
-        worker, self._turn = self.loading.kind.choose(self._workers, self._turn, running.in_order, running.prefetch_factor)
-        return worker
-
-    def _assign(self, worker: WorkerView, task: Task) -> None:
-        """Book ``task`` for ``worker``: a slot, where its copy resumes, its
-        fill threads, its place in the queues."""
-        task.slot = self._pool.lend_slot()
-        task.restore = self._restore.pop(worker.id, None)
-        if not worker.outstanding:
-            worker.busy_since = time.monotonic()
-        worker.outstanding.append(task)
-        self._pending[task.batch_index] = task
-        task.fill_threads = self._fill_threads(worker, task)
-
-    def _fill_threads(self, worker: WorkerView, task: Task) -> int:
-        """How the batch's self-filling leaves (decoded images: rows.RowPlacer)
-        are filled: an epoch's first batch, which the loop waits for, with a
-        thread per core; another worker's first batch while that one loads,
-        at a lower CPU priority (0), so as not to take the cores from it; else 1."""
-        if self._first_task:
-            self._first_task, self._first_batch = False, task.batch_index
-            return FIRST_BATCH_FILL_THREADS
-        if self._first_batch in self._pending and len(worker.outstanding) == 1:
-            return 0
-        return 1
 
     # ------------------------------------------------------------- collect
     def _wait(self, deadline: Optional[float]) -> None:
