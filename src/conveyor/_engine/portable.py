@@ -5,7 +5,7 @@ beside the portable way to do the same where it is missing.
     memory the workers share        memfd_create                           shm_open, and shm_unlink at once
       growing it                    ftruncate + posix_fallocate            ftruncate alone
     a file faulthandler writes      memfd_create                           a temporary file, unlinked at once
-    a spawn worker's end            pidfd_open                             a life pipe (launch.py)
+    a spawn worker's end            pidfd_open                             a life pipe (workers/launch.py)
     pipes                           pipe2(O_CLOEXEC), F_SETPIPE_SZ 1 MiB   os.pipe (non-inheritable), default size
     the signal asking for a stack   SIGRTMIN + 3                           SIGUSR2
     a worker dies with its parent   prctl(PR_SET_PDEATHSIG, SIGKILL)       the worker's parent-watch thread only
@@ -26,7 +26,7 @@ if on macOS; tests flip :data:`LINUX_PATHS` instead (``monkeypatch``). Each
 choice is made when it is used, so a flip applies to the next pool. Workers
 follow their main process, so that both sides pick the same stack signal:
 fork inherits the flag, spawn gets the variable in its environment, and
-forkserver gets the flag as an argument (``launch.py``).
+forkserver gets the flag as an argument (``workers/launch.py``).
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class DeliveryTimes(NamedTuple):
     slots_in_use: int = 0
 
 
-#: Packing and unpacking DeliveryTimes (Timings.delivery), as messages.py does LoadTimes.
+#: Packing and unpacking DeliveryTimes (Timings.delivery), as transport/messages.py does LoadTimes.
 _PACKED_DELIVERY = struct.Struct("<6d3q")
 pack_delivery_times = _PACKED_DELIVERY.pack
 unpack_delivery_times = _PACKED_DELIVERY.unpack

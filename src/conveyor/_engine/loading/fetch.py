@@ -44,7 +44,7 @@ class FetchSpec:
     """What a fetcher needs; one object, shared by the main process and workers."""
 
     dataset: Any
-    #: MAP or ITERABLE (kinds.py): what differs between the two kinds, decided once.
+    #: MAP or ITERABLE (executor/kinds.py): what differs between the two kinds, decided once.
     kind: Any
     auto_collation: bool
     batch_size: Optional[int]

@@ -4,7 +4,7 @@
         new epoch: an iterable copy starts (its __iter__, its state loaded)
         the batch's seed ──▶ the global generators (as the worker's Place says) and each sample's
         fetch (fetch.py) ──▶ collate into the slot's writer, or arrays of their own
-        timings (StageClock, ThreadClock) ──▶ LoadTimes (packed only to cross a pipe: messages.py)
+        timings (StageClock, ThreadClock) ──▶ LoadTimes (packed only to cross a pipe: transport/messages.py)
 
 Where a worker runs is its :class:`Place`, chosen once when the pool starts:
 

@@ -8,7 +8,7 @@ their bytes and without a fresh allocation per batch.
 Ownership rule:
   * The main process creates every slot (an anonymous ``memfd``, or where
     there is none a POSIX shared-memory object unlinked at once, see
-    ``portable.py``: no file in /dev/shm, and the kernel frees the memory
+    ``_engine/portable.py``: no file in /dev/shm, and the kernel frees the memory
     when the last descriptor and mapping are gone, whichever process dies)
     before the workers start; every worker inherits the descriptors of every
     slot (one pool serves them all).

@@ -21,7 +21,7 @@ exit code, and ``kill``/``join``. The sentinel of a fork or forkserver worker
 is multiprocessing's; a spawn worker's is a pidfd where Linux has one, else
 its life pipe: the main process keeps the read end, the worker inherits the
 write end and never writes to it, so the read end turns readable (end of
-file) when the worker exits, however it dies (``portable.py`` lists each
+file) when the worker exits, however it dies (``_engine/portable.py`` lists each
 such fallback).
 """
 

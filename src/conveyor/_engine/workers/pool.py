@@ -3,13 +3,13 @@ watch them, stop them.
 
     WorkerPool.start ──▶ slots (SlotPool) + stop flag, then WorkerHandle 0..N-1:
                          process, pipes, stack file, tasks outstanding
-    WorkerPool.send ───▶ tasks pickled into the task pipe (never waits: wire.py)
+    WorkerPool.send ───▶ tasks pickled into the task pipe (never waits: transport/wire.py)
     WorkerPool.wait ───▶ Poller: one poll over every result pipe, every sentinel, and
                          the task pipes with bytes waiting for room ──▶ messages, exits
-    WorkerPool.decode ─▶ views on the batch's slot (shm.py)
+    WorkerPool.decode ─▶ views on the batch's slot (transport/slots.py)
     WorkerPool.stop ───▶ stop flag + Stop ──▶ drain ──▶ grace ──▶ kill ──▶ reap ──▶ close
 
-The executor (pool_executor.py) decides what each worker does; this module
+The executor (executor/core.py) decides what each worker does; this module
 only knows how to reach them, read them and end them (workers.Workers).
 """
 

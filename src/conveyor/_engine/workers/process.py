@@ -10,8 +10,8 @@
 Actors:
   * ``run_worker``: seeds, sets torch to one thread, calls ``worker_init_fn``,
     says Ready, then serves tasks in order, each under its batch's seed;
-    arrays go straight into the task's shared-memory slot (``rows.py``,
-    ``shm.py``); each result is sent the moment it is ready. An exception in
+    arrays go straight into the task's shared-memory slot (``loading/rows.py``,
+    ``transport/slots.py``); each result is sent the moment it is ready. An exception in
     user code becomes a ``TaskFailed`` and the loop goes on; ``SystemExit``
     or ``KeyboardInterrupt`` in user code, or a failure during set-up,
     becomes a ``Fatal`` and the worker exits (with the SystemExit's code).

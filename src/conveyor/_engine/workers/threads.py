@@ -6,8 +6,8 @@ the main process, for datasets that wait on I/O rather than compute.
 
 Each thread sets up as a worker process does (its own ``get_worker_info()``,
 ``worker_init_fn``, its own fetcher; its own shallow copy of an iterable
-dataset, so its own iterator and attributes), then serves its tasks in order with the same code (worker.py's
-``Serving``), so errors, timings, resume and batches are those of process
+dataset, so its own iterator and attributes), then serves its tasks in order with the same code
+(loading/serving.py's ``Serving``), so errors, timings, resume and batches are those of process
 workers. What differs, because a thread shares its process:
 
 * the batch is handed over as it is: no pickling, no shared memory;
@@ -186,7 +186,7 @@ class ThreadWorkers:
 
 
 def _own_copy(config: WorkerConfig) -> WorkerConfig:
-    """The thread's dataset, as its kind wants it (kinds.py: an iterable's
+    """The thread's dataset, as its kind wants it (executor/kinds.py: an iterable's
     own shallow copy, as each worker process has its own; a map-style
     dataset shared as it is)."""
     fetch = config.fetch
