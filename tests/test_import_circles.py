@@ -25,14 +25,7 @@ PACKAGE = "conveyor"
 #: which imports these modules. Each goes once its module imports from the
 #: defining one (``from ...rng import derive_seed``); the graph is checked
 #: without them, and a line whose import is gone must go too.
-WAITING = {
-    ("conveyor._engine.executor.kinds", "conveyor"),
-    ("conveyor._engine.loading.fetch", "conveyor"),
-    ("conveyor._engine.loading.reads", "conveyor"),
-    ("conveyor._engine.loading.serving", "conveyor"),
-    ("conveyor._engine.workers.process", "conveyor"),
-    ("conveyor._engine.workers.threads", "conveyor"),
-}
+WAITING: set = set()
 
 
 def module_files(src: Path = SRC, package: str = PACKAGE) -> dict[str, Path]:

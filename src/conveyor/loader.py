@@ -148,7 +148,7 @@ class DataLoader(Generic[T_co]):
         _args.check_stall_warning(stall_warning)
         _args.check_stats(collect_stats, progress)
         _args.check_reads_in_flight(reads_in_flight, dataset)
-        # Left to conveyor (not given): small batches may then keep more in flight (pool_executor.py).
+        # Left to conveyor (not given): small batches may then keep more in flight (executor/dispatch.py).
         self._prefetch_given = prefetch_factor is not None
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2

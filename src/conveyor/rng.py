@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # (the core imports no framework: torch only for the checker)
     import torch
 
 __all__ = [
+    "last_global_seed",
     "derive_seed",
     "GeneratorLike",
     "RandomSource",
@@ -87,6 +88,11 @@ def derive_seed(root: int, *keys: int) -> int:
 #: The seed most recently given to :func:`seed_global_generators` in this
 #: process (a worker seeds torch with it if a dataset imports torch late).
 current_seed: Any = None
+
+
+def last_global_seed() -> Any:
+    """The seed most recently given to :func:`seed_global_generators` in this process (None before)."""
+    return current_seed
 
 
 def seed_global_generators(seed: int) -> None:

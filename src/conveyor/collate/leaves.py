@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-# (named "as" themselves: the engine's loading/fetch.py and loading/serving.py import the two from here)
-from .allocation import Allocator as Allocator, allocate_batch as allocate_batch
+from .allocation import Allocator, allocate_batch
 from .dtypes import _FLOAT64, _UNSUPPORTED_KINDS, _result_dtype, _scalar_dtype
 from .errors import (
     _TORCH_STACK_MESSAGE,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Optional, Sequence
 
-from ... import rng
+from ...rng import derive_seed
 from .progress import IterableProgress
 
 
@@ -72,7 +72,7 @@ class MapKind:
 
     def batch_seed(self, base_seed: int, batch_index: int) -> int:
         """Batch ``batch_index`` is loaded under its own seed."""
-        return rng.derive_seed(base_seed, batch_index)
+        return derive_seed(base_seed, batch_index)
 
     def choose(self, workers: list, turn: int, in_order: bool, prefetch_factor: int) -> tuple[Any, int]:
         """The least busy worker (content does not depend on it); ties go

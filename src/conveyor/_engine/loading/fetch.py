@@ -11,15 +11,14 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
-from ... import collate as _collate
+from ...collate import PadCollate, TorchPadCollate, default_collate, default_convert, torch_default_collate, torch_default_convert
+from ...collate.allocation import Allocator as Allocate
 from ...collate.errors import naming_samples
-from ...collate.leaves import Allocator as Allocate
 from ...collate.rules import collate_into
-from ... import rng
+from ...rng import derive_seed, seed_global_generators, thread_sample_random
+from ...stateful import is_stateful
 from ..errors import add_note
 from .reads import Skips, choose_reads
-from ...stateful import is_stateful
-
 
 
 class EndOfData(Exception):
@@ -77,22 +76,22 @@ class FetchSpec:
 
 
 def _convert_into(sample: Any, allocate: Allocate) -> Any:
-    return _collate.default_convert(sample)
+    return default_convert(sample)
 
 
 def collate_route(collate_fn: Callable[[Any], Any]) -> tuple[Optional[Callable[[Any, Allocate], Any]], bool]:
     """(numpy route into an allocator, whether the main process converts to
     torch) for conveyor's own collate functions; (None, False) for others."""
-    if collate_fn is _collate.default_collate:
+    if collate_fn is default_collate:
         return collate_into, False
-    if collate_fn is _collate.torch_default_collate:
+    if collate_fn is torch_default_collate:
         return collate_into, True
-    if collate_fn is _collate.default_convert:
+    if collate_fn is default_convert:
         return _convert_into, False
-    if collate_fn is _collate.torch_default_convert:
+    if collate_fn is torch_default_convert:
         return _convert_into, True
-    if isinstance(collate_fn, _collate.PadCollate):
-        return collate_fn.collate_into, isinstance(collate_fn, _collate.TorchPadCollate)
+    if isinstance(collate_fn, PadCollate):
+        return collate_fn.collate_into, isinstance(collate_fn, TorchPadCollate)
     return None, False
 
 
@@ -125,7 +124,7 @@ class MapFetcher:
         """The batch at ``indices``, collated; each sample read with its own
         generators (rng.sample_rng), the batch's while collating."""
         spec = self.spec
-        sample = rng.thread_sample_random()
+        sample = thread_sample_random()
         if self._skips.records:
             self._skips.records = []
         # With conveyor's collate, samples read one by one go into the batch while still in cache (RowPlacer).
@@ -163,7 +162,7 @@ class IterableFetcher:
         """An iterable task carries the epoch's base seed; batch ``k`` of
         worker ``w`` is loaded under derive_seed(base_seed, w, k), which does
         not depend on how the main process happened to hand out tasks."""
-        return None if task_seed is None else rng.derive_seed(task_seed, self.worker_id, self.served)
+        return None if task_seed is None else derive_seed(task_seed, self.worker_id, self.served)
 
     def begin_epoch(self, restore: Any = None) -> None:
         """Begin a new pass over the dataset (a new epoch), or continue one
@@ -245,7 +244,7 @@ class IterableFetcher:
         if self.ended:
             raise EndOfData
         if not spec.auto_collation:
-            rng.thread_sample_random().at(0)
+            thread_sample_random().at(0)
             try:
                 item = next(self._iterator)
             except StopIteration:
@@ -253,7 +252,7 @@ class IterableFetcher:
                 raise EndOfData from None
             return _collate_timed(spec, item, 1, allocate, clock)
         samples = []
-        sample = rng.thread_sample_random()
+        sample = thread_sample_random()
         for k in range(self._per_batch):
             sample.at(k)
             try:
@@ -296,6 +295,6 @@ def fetch_seeded(
     given). ``seed=None`` leaves the generators alone."""
     seed = fetcher.seed_for(seed)
     if seed is not None and seed_globals:
-        rng.seed_global_generators(seed)
-    rng.thread_sample_random().reset(seed)
+        seed_global_generators(seed)
+    thread_sample_random().reset(seed)
     return fetcher.fetch(indices, allocate, clock)

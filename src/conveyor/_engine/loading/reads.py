@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from ...dataset import fetch_many
 from .. import info as _info
+from ...rng import thread_sample_random
 
 
 class EmptyBatch(Exception):
@@ -73,9 +74,7 @@ class ReadThreads:
         return futures
 
     def _read(self, worker: Any, root: Any, key: int, index: Any) -> Any:
-        from ... import rng
-
-        sample = rng.thread_sample_random()
+        sample = thread_sample_random()
         sample.reset(root, key)
         _info.lend(worker, sample)
         return self.dataset[index]

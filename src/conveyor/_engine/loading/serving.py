@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Optional, Union
 
-from ... import rng
-from ...collate.leaves import allocate_batch
+from ...collate.allocation import allocate_batch
 from ..cpu import ThreadClock
 from ..errors import capture_failure
 from .fetch import EndOfData, FetchSpec, StageClock, fetch_seeded
@@ -43,6 +42,7 @@ from .rows import RowPlacer, SlotAllocator
 from ..transport.encoding import encode
 from ..transport.slots import SlotWriter
 from ..transport.wire import pack
+from ...rng import global_generator_states, restore_global_generators, thread_sample_random
 
 #: The exit code of a worker interrupted by KeyboardInterrupt (as a shell reports SIGINT).
 INTERRUPTED_EXIT_CODE = 128 + 2
@@ -235,12 +235,12 @@ class Serving:
         Raises Ending for SystemExit and KeyboardInterrupt in user code (inline:
         raises them as they are)."""
         if self.config.place is Place.INLINE:
-            saved = rng.global_generator_states()  # (the loop's: put back after the batch)
+            saved = global_generator_states()  # (the loop's: put back after the batch)
             try:
                 return self._load(task, writer)
             finally:
-                rng.restore_global_generators(saved)
-                rng.thread_sample_random().reset(None)  # (sample_rng() is the OS's again outside loading)
+                restore_global_generators(saved)
+                thread_sample_random().reset(None)  # (sample_rng() is the OS's again outside loading)
         return self._load(task, writer)
 
     def _load(self, task: Task, writer: Optional[SlotWriter]) -> Any:

@@ -38,7 +38,6 @@ import threading
 import time
 from typing import Any, Optional
 
-from ... import rng
 from .. import info as _info
 from .. import portable
 from . import stacks
@@ -49,6 +48,7 @@ from ..loading.serving import INTERRUPTED_EXIT_CODE, Ending, Serving, WorkerConf
 from ..transport.slots import SlotWriter, StopFlag
 from ..torch_hook import when_torch_loads
 from ..transport.wire import pack, read_frame, unpack, write_frame
+from ...rng import last_global_seed, seed_global_generators, thread_sample_random
 
 #: glibc returns freed memory above this much to the kernel; every sample a
 #: dataset makes then lands on fresh pages, which cost ~10x more to write
@@ -64,7 +64,7 @@ _PARENT_POLL_S = 0.1
 
 def _set_worker_info(config: WorkerConfig) -> None:
     _info.current = WorkerInfo(
-        config.worker_id, config.num_workers, config.seed, config.fetch.dataset, rng.thread_sample_random()
+        config.worker_id, config.num_workers, config.seed, config.fetch.dataset, thread_sample_random()
     )
 
     def tell_torch(torch: Any) -> None:
@@ -87,8 +87,8 @@ def _set_worker_info(config: WorkerConfig) -> None:
                 torch_worker._worker_info = torch_worker.WorkerInfo(**fields)
         except Exception:  # an unusual torch build: conveyor's own answer still works
             pass
-        if rng.current_seed is not None:
-            torch.default_generator.manual_seed(rng.current_seed)
+        if last_global_seed() is not None:
+            torch.default_generator.manual_seed(last_global_seed())
 
     when_torch_loads(tell_torch)
 
@@ -124,7 +124,7 @@ def _keep_freed_memory() -> None:
 
 def _set_up(config: WorkerConfig) -> Any:
     """Seed, answer get_worker_info, run worker_init_fn; the fetcher."""
-    rng.seed_global_generators(config.seed)
+    seed_global_generators(config.seed)
     _set_worker_info(config)
     if config.worker_init_fn is not None:
         config.worker_init_fn(config.worker_id)

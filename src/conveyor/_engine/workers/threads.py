@@ -34,7 +34,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ... import rng
 from .. import info as _info
 from ..errors import WorkerDiedError
 from ..loading.fetch import make_fetcher
@@ -43,6 +42,7 @@ from ..transport.messages import Batch, Ready, Task
 from .pool import STOP_GRACE_S
 from ..torch_hook import when_torch_loads
 from ..loading.serving import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
+from ...rng import thread_sample_random
 from .protocol import EXITED
 
 
@@ -198,7 +198,7 @@ def _set_up(config: WorkerConfig) -> Any:
     (the global generators, torch's thread count): this thread's WorkerInfo,
     ``worker_init_fn``, the fetcher."""
     info = WorkerInfo(
-        config.worker_id, config.num_workers, config.seed, config.fetch.dataset, rng.thread_sample_random(), "thread"
+        config.worker_id, config.num_workers, config.seed, config.fetch.dataset, thread_sample_random(), "thread"
     )
     _info.set_thread_info(info)
     if config.worker_init_fn is not None:
