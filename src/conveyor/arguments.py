@@ -8,7 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import numbers
 import warnings
-from typing import Any
+from typing import Any, Optional
 
 from ._engine import portable
 from ._engine.workers.launch import START_METHODS
@@ -169,6 +169,15 @@ def check_batching(iterable: bool, shuffle: Any, sampler: Any, batch_sampler: An
     else:
         check_batch_size(batch_size)
     return shuffle, batch_size, drop_last
+
+
+def default_prefetch(num_workers: int, prefetch_factor: Optional[int]) -> Optional[int]:
+    """The prefetch_factor a pass uses: the one given, else torch's 2 with
+    workers. Left to conveyor (not given), small batches may keep more in
+    flight (executor/dispatch.py); a given one is an exact bound."""
+    if num_workers > 0 and prefetch_factor is None:
+        return 2
+    return prefetch_factor
 
 
 def check_stall_warning(stall_warning: Any) -> None:

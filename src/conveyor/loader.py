@@ -22,20 +22,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import warnings
 import weakref
 from time import perf_counter
-from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, TypeVar, Union
 
 # (Each module by its own name, not through the package: conveyor/__init__ imports this one.)
 import conveyor.arguments as _args
 import conveyor.collate as _collate
 import conveyor.sampler as _sampler
+import conveyor.skips as _skips
 import conveyor.state as _state
 import conveyor.stats as _stats
 from .iteration import LoaderIterator
 from ._engine.executor.pin import pinning
-from .stats.scalars import stats_callback
+from .stats.scalars import MetricsWriter, stats_callback
 from .plan import Plan
 from .loader_plan import make_plan
 from ._engine.cpu import usable_cores
@@ -141,17 +143,14 @@ class DataLoader(Generic[T_co]):
         progress: bool = False,
         reads_in_flight: int = 1,
         worker_method: str = "multiprocessing",
-        skip_bad_samples: Any = None,
+        skip_bad_samples: Union[None, int, float, _skips.SkipBudget] = None,
     ) -> None:
         _args.check_worker_method(worker_method)
         _args.check_workers(num_workers, timeout, prefetch_factor, persistent_workers, worker_method)
         _args.check_stall_warning(stall_warning)
         _args.check_stats(collect_stats, progress)
         _args.check_reads_in_flight(reads_in_flight, dataset)
-        # Left to conveyor (not given): small batches may then keep more in flight (executor/dispatch.py).
-        self._prefetch_given = prefetch_factor is not None
-        if num_workers > 0 and prefetch_factor is None:
-            prefetch_factor = 2
+        self._prefetch_given, prefetch_factor = prefetch_factor is not None, _args.default_prefetch(num_workers, prefetch_factor)
         iterable = _args.check_dataset(dataset)
         self.skip_bad_samples = _args.check_skip_bad_samples(skip_bad_samples, iterable)
         _args.check_callables(collate_fn, worker_init_fn)
@@ -279,7 +278,7 @@ class DataLoader(Generic[T_co]):
         """
         return self._recorder().snapshot(since)
 
-    def on_stats(self, callback: Any, every_s: float = 10.0) -> Callable[[], None]:
+    def on_stats(self, callback: Union[Callable[[_stats.LoaderStats], Any], MetricsWriter], every_s: float = 10.0) -> Callable[[], None]:
         """Call ``callback(loader.stats())`` every ``every_s`` seconds while
         iterating, and at the end of each pass, from the loop's thread (its
         ``interval``: since the previous call). For loggers: a JSON lines
@@ -293,7 +292,7 @@ class DataLoader(Generic[T_co]):
         return lambda: recorder.remove_listener(listener)
 
     @contextlib.contextmanager
-    def trace(self, path: Any) -> Iterator[_stats.ChromeTrace]:
+    def trace(self, path: Union[str, os.PathLike[str]]) -> Iterator[_stats.ChromeTrace]:
         """Record every batch's spans (each worker's fetch, collate and
         encode; decode, queue and pin; the loop's waits) while the block
         runs, then write them to ``path`` as Chrome-trace JSON, viewable in
