@@ -1,8 +1,13 @@
 """What one pass over the data keeps of where it stands, for the loader's
 state: the progress record an iterator updates as batches are delivered
 (``EpochProgress``), a loaded state waiting for the next ``iter()``
-(``ResumePoint``), and how a new pass starts (``Start``). The
-``ResumeTracker`` (state.py) owns them.
+(``ResumePoint``, holding the decoded ``state_records.LoaderState``), and
+how a new pass starts (``Start``). The ``ResumeTracker`` (state.py) owns them.
+
+An iterable dataset's copies are followed here as the engine reports them,
+the plain dict of ``Copies.to_dict()`` (``EpochProgress.copies``, updated at
+every delivered batch, and ``Start.copies``, what the executor starts the
+pass from); a loaded state holds them as the typed ``Copies``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,13 @@ from typing import Any, Callable, Optional
 
 from .sampler.replay import batch_fingerprint
 from .sampler.resumable import _has_position
+from .skips import SkippedSample
+from .state_records import Copies, LoaderState, ReplayPoint
 from .stateful import is_stateful
+
+#: Where an iterable dataset's copies stand, as the engine reports them
+#: (``IterableProgress.snapshot``): ``Copies.to_dict()``'s layout.
+CopiesSnapshot = Optional[dict[str, Any]]
 
 
 @dataclass
@@ -35,23 +46,23 @@ class EpochProgress:
     generator_state: Any
     #: For an index sampler without state: what replays its draw (see
     #: sampler.replay_point), taken before the epoch's first draw.
-    replay: Any = None
+    replay: Optional[ReplayPoint] = None
     #: Fingerprint of the epoch's first batch of indices, to check a replay by.
     first_batch: Optional[str] = None
     #: Draws the iteration's first batch of indices now, if it was not yet
     #: (set by the iterator; see loader._FirstDrawAhead).
     draw_first: Optional[Callable[[], None]] = None
     position: int = 0
-    delivered_ahead: set = field(default_factory=set)
+    delivered_ahead: set[int] = field(default_factory=set)
     finished: bool = False
     #: False once its iterator has finished, been closed or been collected.
     iterating: bool = True
     #: Iterable dataset: where each copy stood after its last delivered
     #: batch (one per worker, or the one in this process), as
     #: ``Delivered.copies`` reports it; at the end, as the epoch left them.
-    copies: Any = None
-    #: Samples skip_bad_samples left out this epoch (skips.SkippedSample).
-    skipped: list = field(default_factory=list)
+    copies: CopiesSnapshot = None
+    #: Samples skip_bad_samples left out this epoch.
+    skipped: list[SkippedSample] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -87,7 +98,8 @@ class EpochProgress:
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """Where the next ``iter(loader)`` starts inside an epoch.
+    """Where the next ``iter(loader)`` starts inside an epoch: a checked
+    ``state``.
 
     The plan starts at batch ``position`` and leaves out
     ``delivered_ahead``; a sampler that cannot jump draws and drops
@@ -95,33 +107,56 @@ class ResumePoint:
     from ``copies``.
     """
 
-    state: Mapping[str, Any]
-    epoch: int
-    base_seed: int
-    position: int
-    delivered_ahead: frozenset
-    sampler_state: Any
-    generator_state: Any
+    state: LoaderState
+    #: The state as load_state_dict was given it (a deep copy), which the
+    #: loader saves until ``iter()``: key for key what it loaded.
+    given: Mapping[str, Any]
     sampler_skip: int
-    copies: Any = None
-    replay: Any = None
-    first_batch: Optional[str] = None
-    #: Samples skip_bad_samples left out so far this epoch (skips.SkippedSample).
-    skipped: tuple = ()
+
+    @property
+    def epoch(self) -> int:
+        return self.state.epoch
+
+    @property
+    def base_seed(self) -> int:
+        seed = self.state.base_seed
+        assert seed is not None  # (checked: inside an epoch a state has one)
+        return seed
+
+    @property
+    def position(self) -> int:
+        return self.state.position
+
+    @property
+    def delivered_ahead(self) -> frozenset[int]:
+        return frozenset(self.state.delivered_ahead)
+
+    @property
+    def copies(self) -> Optional[Copies]:
+        return self.state.copies
+
+    @property
+    def first_batch(self) -> Optional[str]:
+        return self.state.first_batch
+
+    @property
+    def skipped(self) -> tuple[SkippedSample, ...]:
+        """Samples skip_bad_samples left out so far this epoch."""
+        return self.state.skipped or ()
 
     @property
     def count(self) -> int:
-        return self.position + len(self.delivered_ahead)
+        return self.state.count
 
 
 @dataclass(frozen=True)
 class Start:
     """How a new iteration starts: its epoch and base seed, the progress
     record it updates, the resume point it continues (if any), and where an
-    iterable dataset's copies begin (None: fresh)."""
+    iterable dataset's copies begin (None: fresh), as the executor takes them."""
 
     epoch: int
     base_seed: int
     progress: EpochProgress
     resume: Optional[ResumePoint]
-    copies: Any
+    copies: CopiesSnapshot

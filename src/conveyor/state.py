@@ -4,21 +4,25 @@
 
     DataLoader.__iter__        ──▶ tracker.begin(view) ──▶ Start(epoch, base seed, progress, resume, copies)
     iterator, each batch       ──▶ progress.delivered(index), progress.copies = delivered.copies
-    DataLoader.state_dict()    ──▶ tracker.save(view)  ──▶ {version, kind, settings, ..., checksum}
-    DataLoader.load_state_dict ──▶ tracker.load(view, state): check everything, load the
-                                   sampler/generator/dataset parts (undone if one refuses),
-                                   keep a ResumePoint (inside an epoch) for the next begin()
+    DataLoader.state_dict()    ──▶ tracker.save(view)  ──▶ LoaderState(...).to_dict()
+                                   = {version, kind, settings, ..., checksum}
+    DataLoader.load_state_dict ──▶ tracker.load(view, state): LoaderState.from_dict checks
+                                   everything, then the sampler/generator/dataset parts are
+                                   loaded (undone if one refuses); a ResumePoint (inside an
+                                   epoch) waits for the next begin()
 
-Actors (the records in epoch_progress.py, loading into the parts in
-state_apply.py):
+Actors (the state's typed records in state_records.py, the pass's in
+epoch_progress.py, loading into the parts in state_apply.py):
   * ``ResumeTracker``: the epoch count, the latest iteration's progress, a
     loaded resume point, and the base seeds (drawn as torch draws them).
   * ``EpochProgress``: what one iteration has delivered, kept by the tracker
     and updated by that iteration's iterator. It outlives the iterator, so a
     loader reports where an abandoned iteration stopped, as torchdata does.
   * ``ResumePoint``: a checked state inside an epoch, waiting for ``iter()``.
-  * ``state_format``: the encoding, and the checks of header and settings
-    (both-sides errors); ``state_checks``: every other field's type and range.
+  * ``LoaderState`` (state_records.py): the state, one typed field per key;
+    ``from_dict`` is the one place a state is decoded and checked
+    (``state_format``: the encoding, and the checks of header and settings,
+    with both sides; ``state_checks``: every other field's type and range).
 
 Why a resumed epoch is exact without re-reading: batch ``i`` of an epoch holds
 the samples the sampler gives as its ``i``-th batch, and is loaded with
@@ -41,25 +45,9 @@ from .epoch_progress import EpochProgress, ResumePoint, Start
 from .rng import derive_seed, draw_seed, source_for
 from .sampler.replay import replay_point
 from .sampler.resumable import _has_position
-from .state_apply import (
-    apply_parts,
-    generator_source,
-    generator_state,
-    next_epoch_start,
-    positioned,
-    undone_on_failure,
-    warn_fast_forward,
-)
-from .state_checks import (
-    check_dataset_state,
-    check_generator,
-    check_replay,
-    check_sampler,
-    read_copies,
-    read_position,
-    read_skipped,
-)
-from .state_format import LOADER_FIX, STATE_VERSION, LoaderView, check_header, check_settings, mismatch_error, seal
+from .state_apply import apply_parts, generator_state, positioned, undone_on_failure, warn_fast_forward
+from .state_format import STATE_VERSION, LoaderView, settings
+from .state_records import Copies, LoaderState, ReplayPoint
 
 from .stateful import Stateful, is_stateful
 
@@ -85,7 +73,7 @@ class ResumeTracker:
         #: between epochs (see _pin_next_epoch) or loaded from one.
         self._next_base_seed: Optional[int] = None
         #: Loaded between epochs: where persistent workers' copies stood.
-        self._next_copies: Any = None
+        self._next_copies: Optional[Copies] = None
 
     # -- iterations -----------------------------------------------------------
 
@@ -98,15 +86,16 @@ class ResumeTracker:
             epoch = self.epoch
             base_seed = self._base_seed(view, epoch)
             progress = self._fresh_progress(view, epoch, base_seed)
-            copies = next_epoch_start(self._next_copies)
+            carried = self._next_copies
+            copies = None if carried is None else carried.next_epoch().to_dict()
         else:
-            epoch, base_seed = resume.epoch, resume.base_seed
+            epoch, base_seed, loaded = resume.epoch, resume.base_seed, resume.state
             progress = EpochProgress(
-                epoch, base_seed, resume.sampler_state, resume.generator_state, resume.replay, resume.first_batch
+                epoch, base_seed, loaded.sampler, loaded.generator_state, loaded.replay, loaded.first_batch
             )
             progress.position, progress.delivered_ahead = resume.position, set(resume.delivered_ahead)
             progress.skipped = list(resume.skipped)
-            copies = resume.copies
+            copies = None if resume.copies is None else resume.copies.to_dict()
         self._next_copies = None
         self.epoch = epoch + 1
         self._last_base_seed = base_seed
@@ -118,7 +107,7 @@ class ResumeTracker:
         sampler = view.index_sampler
         if is_stateful(sampler):
             return EpochProgress(epoch, base_seed, sampler.state_dict(), generator_state(view))
-        replay = None if view.iterable else replay_point(sampler, view.flavor)
+        replay = None if view.iterable else ReplayPoint.of(replay_point(sampler, view.flavor))
         return EpochProgress(epoch, base_seed, None, generator_state(view), replay)
 
     def _base_seed(self, view: LoaderView, epoch: int) -> int:
@@ -174,54 +163,55 @@ class ResumeTracker:
         """Where the loader stands: its latest iteration, or the start of
         its next epoch (see :meth:`DataLoader.state_dict`)."""
         if self._resume is not None:
-            return copy.deepcopy(dict(self._resume.state))
+            return copy.deepcopy(dict(self._resume.given))
         progress = self._progress
         if progress is not None and not progress.finished:
             if progress.count == 0 and progress.draw_first is not None:
                 progress.draw_first()  # the epoch's draw must be in the state
-            return seal(view, self._inside_epoch(progress))
-        return seal(view, self._between_epochs(view))
+            return self._inside_epoch(view, progress).to_dict()
+        return self._between_epochs(view).to_dict()
 
     @staticmethod
-    def _inside_epoch(progress: EpochProgress) -> dict[str, Any]:
-        skipped = {"skipped": [record.to_dict() for record in progress.skipped]} if progress.skipped else {}
-        return {
-            **skipped,
-            "epoch": progress.epoch,
-            "in_epoch": True,
-            "base_seed": progress.base_seed,
-            "position": progress.position,
-            "delivered_ahead": sorted(progress.delivered_ahead),
-            "sampler": positioned(progress.sampler_state, progress.position),
-            "generator_state": progress.generator_state,
-            "dataset_state": None,
-            "copies": progress.copies,
-            "replay": progress.replay,
-            "first_batch": progress.first_batch,
-        }
+    def _inside_epoch(view: LoaderView, progress: EpochProgress) -> LoaderState:
+        return LoaderState(
+            settings=settings(view),
+            skipped=tuple(progress.skipped) or None,
+            epoch=progress.epoch,
+            in_epoch=True,
+            base_seed=progress.base_seed,
+            position=progress.position,
+            delivered_ahead=tuple(sorted(progress.delivered_ahead)),
+            sampler=positioned(progress.sampler_state, progress.position),
+            generator_state=progress.generator_state,
+            dataset_state=None,
+            copies=Copies.of(progress.copies),
+            replay=progress.replay,
+            first_batch=progress.first_batch,
+        )
 
-    def _between_epochs(self, view: LoaderView) -> dict[str, Any]:
+    def _between_epochs(self, view: LoaderView) -> LoaderState:
         dataset = view.dataset
         in_this_process = view.iterable and view.num_workers == 0 and is_stateful(dataset)
         base_seed = self._pin_next_epoch(view)  # (before the sampler's state: it may pin a draw too)
         sampler = view.index_sampler
-        return {
-            "epoch": self.epoch,
-            "in_epoch": False,
+        return LoaderState(
+            settings=settings(view),
+            epoch=self.epoch,
+            in_epoch=False,
             # The next epoch's base seed, drawn now (with the sampler's seed) so that it is the same after a resume.
-            "base_seed": base_seed,
-            "position": 0,
-            "delivered_ahead": [],
-            "sampler": sampler.state_dict() if is_stateful(sampler) else None,
-            "generator_state": generator_state(view),
+            base_seed=base_seed,
+            position=0,
+            delivered_ahead=(),
+            sampler=sampler.state_dict() if is_stateful(sampler) else None,
+            generator_state=generator_state(view),
             # num_workers=0: the one copy is the dataset itself, and carries its state on.
-            "dataset_state": dataset.state_dict() if in_this_process else None,
-            "copies": self._carried_copies(view),
-            "replay": None,
-            "first_batch": None,
-        }
+            dataset_state=dataset.state_dict() if in_this_process else None,
+            copies=self._carried_copies(view),
+            replay=None,
+            first_batch=None,
+        )
 
-    def _carried_copies(self, view: LoaderView) -> Any:
+    def _carried_copies(self, view: LoaderView) -> Optional[Copies]:
         """Between epochs: with persistent workers, each worker's copy of an
         iterable dataset carries its state into the next epoch (an epoch
         counter, a shard list); where the copies stood at the latest epoch's
@@ -231,7 +221,7 @@ class ResumeTracker:
         if self._next_copies is not None:
             return self._next_copies
         progress = self._progress
-        return progress.copies if progress is not None and progress.finished else None
+        return Copies.of(progress.copies) if progress is not None and progress.finished else None
 
     # -- load -----------------------------------------------------------------
 
@@ -244,24 +234,11 @@ class ResumeTracker:
         if one of them refuses it, so a failed load leaves the loader as it was."""
         if isinstance(state, Mapping) and len(state) == 0:
             return  # torchdata's StatefulDataLoader takes {} as "nothing to load"
-        check_header(state)
-        check_settings(view, state["settings"])
-        epoch, in_epoch, base_seed, position, ahead = read_position(state)
-        if in_epoch and view.seed is not None and base_seed != derive_seed(view.seed, epoch):
-            raise mismatch_error(
-                "DataLoader", "the base seed does not follow from seed= and the epoch.",
-                {"base_seed": base_seed}, {"seed": view.seed}, LOADER_FIX,
-            )
-        check_sampler(view.index_sampler, state["sampler"], position, in_epoch, view.iterable)
-        check_replay(view.index_sampler, state, view.flavor)
-        check_generator(generator_source(view), state["generator_state"])
-        loads_dataset = view.iterable and view.num_workers == 0 and not in_epoch
-        check_dataset_state(view.dataset, state["dataset_state"], "dataset_state", loads_dataset)
-        copies = read_copies(view, state["copies"], position + len(ahead) if in_epoch else None)
-        skipped = read_skipped(state.get("skipped", []))
-        jumps = _has_position(state["sampler"])
-        with undone_on_failure(view, state["dataset_state"] is not None):
-            apply_parts(view, state, replays=in_epoch and not jumps)
+        loaded = LoaderState.from_dict(state, view)
+        epoch, in_epoch, position, ahead = loaded.epoch, loaded.in_epoch, loaded.position, loaded.delivered_ahead
+        jumps = _has_position(loaded.sampler)
+        with undone_on_failure(view, loaded.dataset_state is not None):
+            apply_parts(view, loaded, replays=in_epoch and not jumps)
             if ahead and getattr(view.index_sampler, "loaded_from_another_size", False):
                 raise ValueError(
                     "DataLoader.load_state_dict: the state was saved with in_order=False and names batches "
@@ -269,27 +246,16 @@ class ResumeTracker:
                     "are other batches. Resume on the number of ranks that saved it, or save with in_order=True."
                 )
         if in_epoch:
-            warn_fast_forward(view, epoch, copies)
+            warn_fast_forward(view, epoch, loaded.copies)
         self.epoch = epoch
         self._progress = None
         self._last_base_seed = None
-        self._next_base_seed = None if in_epoch else base_seed
-        self._next_copies = None if in_epoch else copies
+        self._next_base_seed = None if in_epoch else loaded.base_seed
+        self._next_copies = None if in_epoch else loaded.copies
         self._resume = None
         if in_epoch:
             self._resume = ResumePoint(
-                state=copy.deepcopy(dict(state)),
-                epoch=epoch,
-                base_seed=base_seed,
-                position=position,
-                delivered_ahead=ahead,
-                sampler_state=state["sampler"],
-                generator_state=state["generator_state"],
+                state=loaded,
+                given=copy.deepcopy(dict(state)),
                 sampler_skip=0 if (jumps or view.iterable) else position,
-                copies=copies,
-                replay=state["replay"],
-                first_batch=state["first_batch"],
-                skipped=skipped,
             )
-
-

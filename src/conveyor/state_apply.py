@@ -1,21 +1,18 @@
-"""Loading a checked state into a loader's parts (its sampler, its
-generator, its dataset), undone if one of them refuses, and the small
-helpers the tracker (state.py) shares with it.
+"""Loading a checked state (a ``state_records.LoaderState``) into a
+loader's parts (its sampler, its generator, its dataset), undone if one of
+them refuses, and the small helpers the tracker (state.py) shares with it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Mapping
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
-import numpy as np
-
-from .rng import is_torch_generator, source_for
 from .sampler.replay import replay_point, restore_replay_point
 from .sampler.resumable import _has_position
-from .state_format import LoaderView
+from .state_format import LoaderView, generator_source
+from .state_records import Copies, LoaderState
 from ._engine.errors import add_note
 from .stateful import is_stateful
 
@@ -25,13 +22,6 @@ def positioned(sampler_state: Any, position: int) -> Any:
     if _has_position(sampler_state) and sampler_state["in_iteration"]:
         return {**sampler_state, "position": position}
     return sampler_state
-
-
-def generator_source(view: LoaderView) -> Any:
-    generator = view.generator
-    if isinstance(generator, np.random.Generator) or is_torch_generator(generator):
-        return source_for(generator, view.flavor)
-    return None  # None, or an int seed: nothing that moves
 
 
 def generator_state(view: LoaderView) -> Any:
@@ -45,29 +35,9 @@ def restore_generator(view: LoaderView, generator_state: Any) -> None:
         source.set_state(generator_state)
 
 
-def next_epoch_start(copies: Any) -> Any:
-    """Copies saved between epochs, as the start of the next epoch: each
-    copy's dataset state, a new iteration, every worker active."""
-    if copies is None:
-        return None
-    states = [
-        None if st is None else {"dataset_state": st.get("dataset_state"), "iterator_state": None,
-                                 "iterator_ended": False, "served": 0}
-        for st in copies["states"]
-    ]
-    return {"states": states, "retired": [], "next": 0}
-
-
-def warn_fast_forward(view: LoaderView, epoch: int, copies: Any) -> None:
+def warn_fast_forward(view: LoaderView, epoch: int, copies: Optional[Copies]) -> None:
     """Say so when copies without state will read their items again."""
-    if copies is None:
-        return
-    batches = sum(
-        int(st.get("served", 0))
-        for st in copies["states"]
-        if st is not None and st.get("dataset_state") is None and st.get("iterator_state") is None
-        and not st.get("iterator_ended")
-    )
+    batches = 0 if copies is None else copies.reads_again
     if batches:
         warnings.warn(
             f"{type(view.dataset).__name__} (and its iterator) has no state_dict/load_state_dict: to resume "
@@ -78,21 +48,21 @@ def warn_fast_forward(view: LoaderView, epoch: int, copies: Any) -> None:
         )
 
 
-def apply_parts(view: LoaderView, state: Mapping[str, Any], replays: bool) -> None:
+def apply_parts(view: LoaderView, state: LoaderState, replays: bool) -> None:
     """Load the state's parts into the sampler, the generator and the
     dataset. An iterable dataset's index sampler repeats one placeholder
     batch: where it stood changes nothing, so nothing is loaded into it
     (its saved position is kept for the next save; see ResumePoint)."""
     sampler = view.index_sampler
     if not view.iterable:
-        if state["sampler"] is not None and is_stateful(sampler):
-            sampler.load_state_dict(state["sampler"])
-        if replays:
-            restore_replay_point(sampler, state["replay"], view.flavor)
-    restore_generator(view, state["generator_state"])
-    if state["dataset_state"] is not None and is_stateful(view.dataset):
+        if state.sampler is not None and is_stateful(sampler):
+            sampler.load_state_dict(state.sampler)
+        if replays and state.replay is not None:
+            restore_replay_point(sampler, state.replay.to_dict(), view.flavor)
+    restore_generator(view, state.generator_state)
+    if state.dataset_state is not None and is_stateful(view.dataset):
         try:
-            view.dataset.load_state_dict(state["dataset_state"])
+            view.dataset.load_state_dict(state.dataset_state)
         except Exception as exc:
             add_note(
                 exc,

@@ -5,7 +5,8 @@ conveyor reads is checked for type and range here, against this loader,
 and a state that does not fit is refused with one ValueError that names
 ``DataLoader.load_state_dict`` and the key, before the loader, its sampler,
 its generator or its dataset change (``ResumeTracker.load`` calls these
-first). What the checks cover:
+first, through ``state_records.LoaderState.from_dict``, the one place a
+state is decoded). What the checks cover:
 
     epoch, position, base_seed,       ints in range; batches delivered ahead after the position
     delivered_ahead
@@ -54,8 +55,9 @@ def _is_int(value: Any, low: int = 0, high: Optional[int] = None) -> bool:
     )
 
 
-def read_position(state: Mapping[str, Any]) -> tuple[int, bool, Any, int, frozenset]:
-    """(epoch, in_epoch, base_seed, position, delivered_ahead), checked. (How
+def read_position(state: Mapping[str, Any]) -> tuple[int, bool, Any, int, tuple[int, ...]]:
+    """(epoch, in_epoch, base_seed, position, delivered_ahead), checked
+    (delivered_ahead in the state's order). (How
     far into the epoch a position may be is the sampler's to say: a
     DistributedSampler resumed on another number of ranks goes on counting
     from the saved position.)"""
@@ -74,7 +76,7 @@ def read_position(state: Mapping[str, Any]) -> tuple[int, bool, Any, int, frozen
     if not in_epoch and (position != 0 or ahead):
         key = "position" if position != 0 else "delivered_ahead"
         raise StateError(key, f"is {state[key]!r} with 'in_epoch' False: between epochs no batch is delivered yet")
-    return int(epoch), in_epoch, base_seed, int(position), frozenset(int(index) for index in ahead)
+    return int(epoch), in_epoch, base_seed, int(position), tuple(int(index) for index in ahead)
 
 
 def check_sampler(sampler: Any, saved: Any, position: int, in_epoch: bool, iterable: bool) -> None:
@@ -95,12 +97,16 @@ def check_sampler(sampler: Any, saved: Any, position: int, in_epoch: bool, itera
         )
 
 
-def check_replay(sampler: Any, state: Mapping[str, Any], flavor: str) -> None:
-    """``replay`` fits the index sampler; ``first_batch`` is a fingerprint."""
-    problem = replay_point_problem(sampler, state["replay"], flavor)
+def check_replay(sampler: Any, point: Any, flavor: str) -> None:
+    """``replay`` fits the index sampler."""
+    problem = replay_point_problem(sampler, point, flavor)
     if problem is not None:
         raise StateError("replay", problem)
-    problem = fingerprint_problem(state["first_batch"])
+
+
+def check_fingerprint(first_batch: Any) -> None:
+    """``first_batch`` is a batch's fingerprint, or None."""
+    problem = fingerprint_problem(first_batch)
     if problem is not None:
         raise StateError("first_batch", problem)
 
@@ -143,12 +149,12 @@ def _same_kind(saved: Any, own: Any) -> bool:
     return True  # (another type: its load_state_dict is the judge)
 
 
-def read_copies(view: Any, saved: Any, delivered: Optional[int]) -> Any:
-    """The saved copies of an iterable dataset, checked against this
-    loader's worker count and dataset; ``delivered``: the batches the state
-    delivered in its epoch (None between epochs)."""
+def check_copies(view: Any, saved: Any, delivered: Optional[int]) -> None:
+    """The saved copies of an iterable dataset (None: none), checked against
+    this loader's worker count and dataset; ``delivered``: the batches the
+    state delivered in its epoch (None between epochs)."""
     if saved is None:
-        return None
+        return
     count = max(1, view.num_workers)
     if not isinstance(saved, Mapping) or set(saved) != {"states", "retired", "next"}:
         raise StateError("copies", f"is {saved!r}, where a dict of 'states', 'retired' and 'next' belongs")
@@ -165,7 +171,6 @@ def read_copies(view: Any, saved: Any, delivered: Optional[int]) -> Any:
     if delivered is not None and served > delivered + count:
         # (each delivered batch was served by one copy; a copy that ran out was asked once more)
         raise StateError("copies", f"served {served} batches in all, but the state delivered {delivered}")
-    return saved
 
 
 def _count(value: Any) -> str:

@@ -8,11 +8,16 @@ that refuse a state that does not fit (showing both sides and the fix).
 * ``settings``: what must be the same in the loader that loads the state.
 * ``copies``: iterable datasets: where each copy stood (one per worker, or
   the one of ``num_workers=0``), as ``_engine.executor.progress.IterableProgress``
-  snapshots: ``{"states": [...], "retired": [...], "next": n}``.
+  snapshots: ``{"states": [...], "retired": [...], "next": n}``
+  (``state_records.Copies``).
 * ``skipped``: present when samples were skipped this epoch
   (``skip_bad_samples``): one dict per ``skips.SkippedSample``.
 * ``checksum``: the CRC-32 of the canonical JSON of everything else, so a
   truncated or hand-edited state is refused instead of yielding other data.
+
+The typed records of these keys, and the one place a state is decoded and
+checked, are in state_records.py (``LoaderState``); the checks of header and
+settings are here, those of every other field in state_checks.py.
 
 :func:`mismatch_error` is the one "does not fit" error of the project:
 samplers and the loader both raise it.
@@ -26,7 +31,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .rng import is_torch_generator
+import numpy as np
+
+from .rng import derive_seed, is_torch_generator, source_for
 
 
 #: Version of the loader state layout; a state of another version is refused.
@@ -153,6 +160,15 @@ def _rank_layout(view: LoaderView) -> dict[str, Any]:
     return {"ranks": ranks, "rank": rank} if ranks > 1 else {}
 
 
+def generator_source(view: LoaderView) -> Any:
+    """The RandomSource of the loader's ``generator`` whose state a state
+    holds (None: no generator, or an int seed: nothing that moves)."""
+    generator = view.generator
+    if isinstance(generator, np.random.Generator) or is_torch_generator(generator):
+        return source_for(generator, view.flavor)
+    return None
+
+
 def _generator_kind(view: LoaderView) -> str:
     if view.seed is not None:
         return "seed"
@@ -174,16 +190,12 @@ def _plain(value: Any) -> Any:
 
 
 def checksum(state: Mapping[str, Any]) -> str:
+    """The CRC-32 of ``state``'s canonical JSON (its ``checksum`` left out)."""
     body = {key: value for key, value in state.items() if key != "checksum"}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=_plain)
     return f"{zlib.crc32(canonical.encode('utf-8')):08x}"
 
 
-def seal(view: LoaderView, body: dict[str, Any]) -> dict[str, Any]:
-    """The state of ``body``'s position: header, settings, body, checksum."""
-    state = {"version": STATE_VERSION, "kind": KIND, "settings": settings(view), **body}
-    state["checksum"] = checksum(state)
-    return state
 
 
 # ------------------------------------------------------------------ checks
@@ -240,5 +252,18 @@ def check_settings(view: LoaderView, saved: Any) -> None:
             "the state was saved by a loader with other settings.",
             {key: saved.get(key, "<missing>") for key in differing},
             {key: mine[key] for key in differing},
+            LOADER_FIX,
+        )
+
+
+def check_base_seed(view: LoaderView, epoch: int, in_epoch: bool, base_seed: Any) -> None:
+    """Inside an epoch, a loader with ``seed=`` derives the base seed from
+    it: the state's must be that one."""
+    if in_epoch and view.seed is not None and base_seed != derive_seed(view.seed, epoch):
+        raise mismatch_error(
+            "DataLoader",
+            "the base seed does not follow from seed= and the epoch.",
+            {"base_seed": base_seed},
+            {"seed": view.seed},
             LOADER_FIX,
         )

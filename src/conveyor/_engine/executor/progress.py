@@ -4,7 +4,11 @@ Each worker holds its own copy of an iterable dataset. After every
 delivered batch the loader needs, to save its state: each copy's own state
 (when the dataset has ``state_dict``), which copies ran out this epoch, and
 whose turn is next in the round robin. A snapshot is a plain dict, the
-``copies`` of ``DataLoader.state_dict()``.
+``copies`` of ``DataLoader.state_dict()``: made at every delivered batch and
+handed on as it is (``Delivered.copies``), it stays a dict; the state's typed
+record of it, ``state_records.Copies``, is made from it only when the loader
+saves (``Copies.of``) and given back as this dict when a pass begins
+(``Copies.to_dict``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,256 @@
+"""The loader state as typed records: the one place a state is decoded and checked.
+
+::
+
+    ResumeTracker.save ──▶ LoaderState(...) ──to_dict()──▶ the dict DataLoader.state_dict() returns
+    DataLoader.load_state_dict(dict) ──▶ ResumeTracker.load ──▶ LoaderState.from_dict(dict, view)
+        header and settings (state_format) ──▶ every field (state_checks) ──▶ the typed records
+
+Records (each with ``to_dict()``, and a ``from_dict()`` that checks what it decodes):
+  * ``LoaderState``: every key of the state as a typed field (the header's
+    version and kind are this version's, the checksum is made by ``to_dict``).
+    The sampler's, the generator's and the datasets' parts stay what their
+    own ``state_dict()`` gives.
+  * ``Copies``: an iterable dataset's copies (one per worker, or the one of
+    ``num_workers=0``), each a ``CopyState`` or None (not started).
+  * ``ReplayPoint``: what puts an index sampler that cannot jump back where
+    its epoch began (``sampler.replay.replay_point``).
+  * skipped samples are ``skips.SkippedSample`` records.
+
+``to_dict()`` of a decoded state gives back the dict it was decoded from,
+key for key, for every state conveyor writes. The engine follows the copies
+as the plain dict ``Copies.to_dict()`` gives (``IterableProgress.snapshot``,
+made at every delivered batch, and what the executor starts a pass from);
+the tracker turns it into a record when it saves (``Copies.of``) and back
+when a pass begins, so nothing on the engine's way changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+from .skips import SkippedSample
+from .state_checks import (
+    check_copies,
+    check_dataset_state,
+    check_fingerprint,
+    check_generator,
+    check_replay,
+    check_sampler,
+    read_position,
+    read_skipped,
+)
+from .state_format import KIND, STATE_VERSION, LoaderView, check_base_seed, check_header, check_settings, checksum
+from .state_format import generator_source
+
+__all__ = ["LoaderState", "Copies", "CopyState", "ReplayPoint"]
+
+
+@dataclass(frozen=True)
+class CopyState:
+    """Where one copy of an iterable dataset stands, as its worker reports it
+    (``_engine/loading/fetch.py``, ``IterableFetcher.state``): the dataset's and
+    its iterator's own states (None: they have none), whether its iterator
+    ended, and how many batches it was asked for this epoch."""
+
+    dataset_state: Any
+    iterator_state: Any
+    iterator_ended: bool
+    served: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset_state": self.dataset_state,
+            "iterator_state": self.iterator_state,
+            "iterator_ended": self.iterator_ended,
+            "served": self.served,
+        }
+
+    @classmethod
+    def of(cls, copy: Mapping[str, Any]) -> "CopyState":
+        """A copy's state as a worker reported it (or as checked)."""
+        return cls(copy["dataset_state"], copy["iterator_state"], copy["iterator_ended"], copy["served"])
+
+    @property
+    def reads_again(self) -> int:
+        """Batches whose items a resumed copy reads again: it has no state to
+        go on from and had not ended (fetch.py moves it on past them)."""
+        if self.dataset_state is None and self.iterator_state is None and not self.iterator_ended:
+            return int(self.served)
+        return 0
+
+
+@dataclass(frozen=True)
+class Copies:
+    """An iterable dataset's copies (the state's ``copies``): each copy's
+    state (None: it had not started), the workers whose copy ran out this
+    epoch (in the order delivery passed their end), and whose turn is next
+    in the round robin (the key ``next``)."""
+
+    states: tuple[Optional[CopyState], ...]
+    retired: tuple[int, ...]
+    next_turn: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict of the state, as the engine takes and makes it."""
+        states = [None if copy is None else copy.to_dict() for copy in self.states]
+        return {"states": states, "retired": list(self.retired), "next": self.next_turn}
+
+    @classmethod
+    def of(cls, snapshot: Optional[Mapping[str, Any]]) -> Optional["Copies"]:
+        """The engine's snapshot (``IterableProgress.snapshot``, made in this
+        process) as a record; None for None."""
+        if snapshot is None:
+            return None
+        states = tuple(None if copy is None else CopyState.of(copy) for copy in snapshot["states"])
+        return cls(states, tuple(snapshot["retired"]), snapshot["next"])
+
+    @classmethod
+    def from_dict(cls, saved: Any, view: LoaderView, delivered: Optional[int]) -> Optional["Copies"]:
+        """A saved ``copies``, checked against this loader (its worker count
+        and dataset; ``delivered``: the batches the state delivered in its
+        epoch, None between epochs)."""
+        check_copies(view, saved, delivered)
+        return cls.of(saved)
+
+    def next_epoch(self) -> "Copies":
+        """As the start of the next epoch: each copy's dataset state, a new
+        iteration, every worker active, worker 0 first."""
+        states = tuple(
+            None if copy is None else CopyState(copy.dataset_state, None, False, 0) for copy in self.states
+        )
+        return Copies(states, (), 0)
+
+    @property
+    def reads_again(self) -> int:
+        """Batches whose items copies without state read again to resume."""
+        return sum(copy.reads_again for copy in self.states if copy is not None)
+
+
+@dataclass(frozen=True)
+class ReplayPoint:
+    """What puts an index sampler that cannot jump back where its epoch
+    began, to draw that epoch again (``sampler.replay``): its own state
+    (``kind`` "state"), its generator's state ("generator"), or, for a batch
+    sampler, its inner sampler's point ("inner": ``value`` is a ReplayPoint,
+    or None)."""
+
+    kind: str
+    value: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {self.kind: self.value.to_dict() if isinstance(self.value, ReplayPoint) else self.value}
+
+    @classmethod
+    def of(cls, point: Optional[Mapping[str, Any]]) -> Optional["ReplayPoint"]:
+        """``replay_point()``'s dict (or a checked one) as a record; None for None."""
+        if point is None:
+            return None
+        ((kind, value),) = point.items()
+        return cls(kind, cls.of(value) if kind == "inner" else value)
+
+    @classmethod
+    def from_dict(cls, saved: Any, view: LoaderView) -> Optional["ReplayPoint"]:
+        """A saved ``replay``, checked against the loader's index sampler."""
+        check_replay(view.index_sampler, saved, view.flavor)
+        return cls.of(saved)
+
+
+def _optional_dict(record: Any) -> Any:
+    return None if record is None else record.to_dict()
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """A loader's resumable state, one field per key (see state_format for
+    the layout and docs/architecture.md for who owns each part).
+
+    ``epoch``, ``in_epoch``, ``position``, ``delivered_ahead`` say where the
+    pass stands; ``base_seed`` roots its batch seeds; ``sampler``,
+    ``generator_state`` and ``dataset_state`` are their owners' own states;
+    ``copies`` where an iterable dataset's copies stand; ``replay`` and
+    ``first_batch`` replay a sampler that cannot jump; ``skipped``: the
+    samples skip_bad_samples left out this epoch (None: the key is absent,
+    as when none was)."""
+
+    VERSION: ClassVar[int] = STATE_VERSION
+    KIND: ClassVar[str] = KIND
+
+    settings: Mapping[str, Any]
+    epoch: int
+    in_epoch: bool
+    base_seed: Optional[int]
+    position: int
+    delivered_ahead: tuple[int, ...]
+    sampler: Optional[dict[str, Any]]
+    generator_state: Any
+    dataset_state: Any
+    copies: Optional[Copies]
+    replay: Optional[ReplayPoint]
+    first_batch: Optional[str]
+    skipped: Optional[tuple[SkippedSample, ...]] = None
+
+    @property
+    def count(self) -> int:
+        """Batches delivered in the state's epoch."""
+        return self.position + len(set(self.delivered_ahead))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state as ``DataLoader.state_dict()`` returns it: header, fields, checksum."""
+        skipped = {} if self.skipped is None else {"skipped": [record.to_dict() for record in self.skipped]}
+        state: dict[str, Any] = {
+            "version": self.VERSION,
+            "kind": self.KIND,
+            "settings": self.settings,
+            **skipped,
+            "epoch": self.epoch,
+            "in_epoch": self.in_epoch,
+            "base_seed": self.base_seed,
+            "position": self.position,
+            "delivered_ahead": list(self.delivered_ahead),
+            "sampler": self.sampler,
+            "generator_state": self.generator_state,
+            "dataset_state": self.dataset_state,
+            "copies": _optional_dict(self.copies),
+            "replay": _optional_dict(self.replay),
+            "first_batch": self.first_batch,
+        }
+        state["checksum"] = checksum(state)
+        return state
+
+    @classmethod
+    def from_dict(cls, state: Any, view: LoaderView) -> "LoaderState":
+        """``state`` decoded, after every check against the loader ``view``
+        shows: the header and checksum, the settings, then each field's type
+        and range. A state that does not fit raises a ValueError (TypeError
+        for one that is not a dict) naming ``DataLoader.load_state_dict`` and
+        the key, before anything changes."""
+        check_header(state)
+        check_settings(view, state["settings"])
+        epoch, in_epoch, base_seed, position, ahead = read_position(state)
+        check_base_seed(view, epoch, in_epoch, base_seed)
+        check_sampler(view.index_sampler, state["sampler"], position, in_epoch, view.iterable)
+        replay = ReplayPoint.from_dict(state["replay"], view)
+        check_fingerprint(state["first_batch"])
+        check_generator(generator_source(view), state["generator_state"])
+        loads_dataset = view.iterable and view.num_workers == 0 and not in_epoch
+        check_dataset_state(view.dataset, state["dataset_state"], "dataset_state", loads_dataset)
+        copies = Copies.from_dict(state["copies"], view, position + len(set(ahead)) if in_epoch else None)
+        skipped = read_skipped(state["skipped"]) if "skipped" in state else None
+        return cls(
+            settings=state["settings"],
+            epoch=epoch,
+            in_epoch=in_epoch,
+            base_seed=base_seed,
+            position=position,
+            delivered_ahead=ahead,
+            sampler=state["sampler"],
+            generator_state=state["generator_state"],
+            dataset_state=state["dataset_state"],
+            copies=copies,
+            replay=replay,
+            first_batch=state["first_batch"],
+            skipped=skipped,
+        )
