@@ -109,7 +109,9 @@ class ResumePoint:
 
     state: LoaderState
     #: The state as load_state_dict was given it (a deep copy), which the
-    #: loader saves until ``iter()``: key for key what it loaded.
+    #: loader saves until ``iter()``: key for key what it loaded. (``state.to_dict()``
+    #: gives the same for every state conveyor writes; one it accepts without
+    #: writing it so, a skipped sample without its traceback, would come back filled in.)
     given: Mapping[str, Any]
     sampler_skip: int
 

@@ -42,8 +42,16 @@ from .state_checks import (
     read_position,
     read_skipped,
 )
-from .state_format import KIND, STATE_VERSION, LoaderView, check_base_seed, check_header, check_settings, checksum
-from .state_format import generator_source
+from .state_format import (
+    KIND,
+    STATE_VERSION,
+    LoaderView,
+    check_base_seed,
+    check_header,
+    check_settings,
+    checksum,
+    generator_source,
+)
 
 __all__ = ["LoaderState", "Copies", "CopyState", "ReplayPoint"]
 
