@@ -37,6 +37,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:User
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "saved_states.json")
 
 
+# The datasets below are this file's own, not shared with the resume tests:
+# the fixture's digests hold what they gave, so they must not change.
 class Counter:
     """An iterator over ``range(n)`` with numpy noise, resumable by position."""
 
