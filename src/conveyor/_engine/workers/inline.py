@@ -25,9 +25,7 @@ loading does it (``serving.Place.INLINE``):
 from __future__ import annotations
 
 import os
-import sys
 import threading
-import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -35,6 +33,8 @@ from typing import Any, Callable, Optional
 from ..loading.fetch import make_fetcher
 from ..transport.messages import Batch, Task
 from ..loading.serving import Serving, WorkerConfig, WorkerFds
+from .protocol import task_of_epoch
+from .stacks import thread_stack
 
 
 @dataclass(eq=False)
@@ -58,17 +58,13 @@ class InlineHandle:
         return os.getpid()
 
     def current(self, epoch_id: int) -> Optional[Task]:
-        for task in self.outstanding:
-            if task.epoch_id == epoch_id:
-                return task
-        return None
+        return task_of_epoch(self.outstanding, epoch_id)
 
     def describe(self) -> str:
         return "the main process"
 
     def stack_text(self) -> str:
-        frame = sys._current_frames().get(self.thread) if self.thread is not None else None
-        return "".join(traceback.format_stack(frame)) if frame is not None else ""
+        return thread_stack(self.thread)
 
 
 class InlineWorkers:

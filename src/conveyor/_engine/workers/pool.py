@@ -33,7 +33,7 @@ from .stacks import StackFile
 from ..transport.wire import pack
 from ..loading.serving import WorkerConfig, WorkerFds
 from .poller import Event, Poller, fileno
-from .protocol import EXITED, Broken
+from .protocol import EXITED, Broken, task_of_epoch
 
 #: After Stop, how long workers get to finish and exit before they are killed.
 #: Short: workers hold nothing that needs a graceful end, and users wait on it.
@@ -75,10 +75,7 @@ class WorkerHandle:
 
     def current(self, epoch_id: int) -> Optional[Task]:
         """The task of this epoch it is working on, if any."""
-        for task in self.outstanding:
-            if task.epoch_id == epoch_id:
-                return task
-        return None
+        return task_of_epoch(self.outstanding, epoch_id)
 
     @property
     def pid(self) -> int:

@@ -14,7 +14,7 @@ raised as :class:`Broken`, which the executor turns into its one failure.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 from ..transport.messages import Batch, Task
 
@@ -40,6 +40,15 @@ class Broken(Exception):
         self.batch_index = batch_index
         self.doing = doing
         self.cause = cause
+
+
+def task_of_epoch(outstanding: Iterable[Task], epoch_id: int) -> Optional[Task]:
+    """The first of a worker's ``outstanding`` tasks that belongs to epoch
+    ``epoch_id`` (the one it works on: a worker serves them in order), if any."""
+    for task in outstanding:
+        if task.epoch_id == epoch_id:
+            return task
+    return None
 
 
 class WorkerView(Protocol):

@@ -23,7 +23,9 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import sys
 import time
+import traceback
 from typing import Optional
 
 from .. import portable
@@ -34,6 +36,13 @@ _DUMP_WAIT_S = 1.0
 _DUMP_SETTLE_S = 0.05
 #: At most this much of a dump is read (a worker with many threads).
 _MAX_DUMP_BYTES = 64 * 1024
+
+
+def thread_stack(ident: Optional[int]) -> str:
+    """The Python stack of this process's thread ``ident`` now ("" when it
+    is gone or unknown): a worker thread's, or the loop's for the inline worker."""
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    return "".join(traceback.format_stack(frame)) if frame is not None else ""
 
 
 def stack_signal() -> Optional[int]:

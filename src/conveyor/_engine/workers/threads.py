@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -43,7 +42,8 @@ from .pool import STOP_GRACE_S
 from ..torch_hook import when_torch_loads
 from ..loading.serving import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
 from ...rng import thread_sample_random
-from .protocol import EXITED
+from .protocol import EXITED, task_of_epoch
+from .stacks import thread_stack
 
 
 @dataclass(eq=False)
@@ -73,19 +73,14 @@ class ThreadHandle:
         return self.id, os.getpid()
 
     def current(self, epoch_id: int) -> Optional[Task]:
-        for task in self.outstanding:
-            if task.epoch_id == epoch_id:
-                return task
-        return None
+        return task_of_epoch(self.outstanding, epoch_id)
 
     def describe(self) -> str:
         return f"worker thread {self.id}"
 
     def stack_text(self) -> str:
         """Its Python stack now."""
-        ident = self.thread.ident if self.thread is not None else None
-        frame = sys._current_frames().get(ident) if ident is not None else None
-        return "".join(traceback.format_stack(frame)) if frame is not None else ""
+        return thread_stack(self.thread.ident if self.thread is not None else None)
 
 
 class ThreadWorkers:
