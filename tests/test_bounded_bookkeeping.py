@@ -25,6 +25,7 @@ import pytest
 import conveyor
 from conveyor._engine.executor.records import Delivered, Timings
 from conveyor._engine.executor.progress import IterableProgress
+from conveyor._engine.loading.copies import CopyState
 from conveyor._engine.executor.reorder import ReorderBuffer
 from conveyor.state import EpochProgress
 from conveyor.stats import StatsRecorder
@@ -118,11 +119,11 @@ def test_the_workers_progress_through_an_iterable_stays_flat():
     progress = IterableProgress(num_workers=3)
 
     def step(k: int) -> None:
-        progress.delivered(k % 3, {"read": k})
+        progress.delivered(k % 3, CopyState(None, {"read": k}, False, k))
 
     grown = grown_size(progress, driven(step), MILLION // 5, MILLION)
     assert grown < FLAT_BYTES, f"the iterable's progress grew {grown} bytes"
-    assert progress.snapshot()["states"][0] == {"read": MILLION - 1}
+    assert progress.snapshot().states[0] == CopyState(None, {"read": MILLION - 1}, False, MILLION - 1)
 
 
 @pytest.mark.parametrize("in_order", [True, False])

@@ -24,6 +24,7 @@ from conveyor import rng
 from conveyor.loader import _InfiniteConstantSampler
 from conveyor.sampler import BatchSampler, RandomSampler
 from conveyor.state import ResumeTracker
+from conveyor.state_records import Copies
 from conveyor.state_format import STATE_VERSION, LoaderView, checksum, settings
 
 N = 10
@@ -349,7 +350,7 @@ def test_an_iterable_datasets_copies_go_in_the_state_and_come_back_at_the_next_b
     progress = tracker.begin(view).progress
     copies = {"states": [{"dataset_state": {"passes": 1}, "iterator_state": None, "iterator_ended": False,
                           "served": 1}], "retired": [], "next": 0}
-    progress.copies = copies
+    progress.copies = Copies.of(copies)  # (as the executor reports them)
     progress.delivered(0)
     state = tracker.save(view)
     assert state["copies"] == copies and state["in_epoch"] is True
@@ -357,4 +358,4 @@ def test_an_iterable_datasets_copies_go_in_the_state_and_come_back_at_the_next_b
     loaded_view = iterable_view(Counter())
     loaded.load(loaded_view, json.loads(json.dumps(state)))
     start = loaded.begin(loaded_view)
-    assert start.copies == copies and start.resume.position == 1
+    assert start.copies == Copies.of(copies) and start.resume.position == 1

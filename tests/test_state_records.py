@@ -241,14 +241,19 @@ def test_what_is_not_a_dict_is_refused_with_a_type_error():
 
 def test_copies_round_trip_the_engines_snapshot():
     progress = IterableProgress(num_workers=3)
-    progress.delivered(0, {"dataset_state": {"a": 1}, "iterator_state": None, "iterator_ended": False, "served": 2})
-    progress.exhausted(1, 2, {"dataset_state": None, "iterator_state": None, "iterator_ended": True, "served": 3})
+    progress.delivered(0, CopyState({"a": 1}, None, False, 2))
+    progress.exhausted(1, 2, CopyState(None, None, True, 3))
     progress.passed(1)
-    snapshot = progress.snapshot()
-    copies = Copies.of(snapshot)
-    assert copies is not None and copies.to_dict() == snapshot
+    copies = progress.snapshot()
+    saved = copies.to_dict()
+    assert saved == {
+        "states": [{"dataset_state": {"a": 1}, "iterator_state": None, "iterator_ended": False, "served": 2}, None,
+                   {"dataset_state": None, "iterator_state": None, "iterator_ended": True, "served": 3}],
+        "retired": [2], "next": 1,
+    }  # fmt: skip
+    assert Copies.of(saved) == copies
     assert copies.states[1] is None and copies.retired == (2,) and copies.next_turn == 1
-    assert IterableProgress(3, copies.to_dict()).snapshot() == snapshot
+    assert IterableProgress(3, Copies.of(saved)).snapshot() == copies
     assert Copies.of(None) is None
 
 

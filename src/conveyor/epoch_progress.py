@@ -5,9 +5,9 @@ state: the progress record an iterator updates as batches are delivered
 how a new pass starts (``Start``). The ``ResumeTracker`` (state.py) owns them.
 
 An iterable dataset's copies are followed here as the engine reports them,
-the plain dict of ``Copies.to_dict()`` (``EpochProgress.copies``, updated at
-every delivered batch, and ``Start.copies``, what the executor starts the
-pass from); a loaded state holds them as the typed ``Copies``.
+the typed ``Copies`` (``EpochProgress.copies``, updated at every delivered
+batch, and ``Start.copies``, what the executor starts the pass from), the
+record a saved state holds too.
 """
 
 from __future__ import annotations
@@ -21,10 +21,6 @@ from .sampler.resumable import _has_position
 from .skips import SkippedSample
 from .state_records import Copies, LoaderState, ReplayPoint
 from .stateful import is_stateful
-
-#: Where an iterable dataset's copies stand, as the engine reports them
-#: (``IterableProgress.snapshot``): ``Copies.to_dict()``'s layout.
-CopiesSnapshot = Optional[dict[str, Any]]
 
 
 @dataclass
@@ -60,7 +56,7 @@ class EpochProgress:
     #: Iterable dataset: where each copy stood after its last delivered
     #: batch (one per worker, or the one in this process), as
     #: ``Delivered.copies`` reports it; at the end, as the epoch left them.
-    copies: CopiesSnapshot = None
+    copies: Optional[Copies] = None
     #: Samples skip_bad_samples left out this epoch.
     skipped: list[SkippedSample] = field(default_factory=list)
 
@@ -161,4 +157,4 @@ class Start:
     base_seed: int
     progress: EpochProgress
     resume: Optional[ResumePoint]
-    copies: CopiesSnapshot
+    copies: Optional[Copies]

@@ -87,7 +87,7 @@ class ResumeTracker:
             base_seed = self._base_seed(view, epoch)
             progress = self._fresh_progress(view, epoch, base_seed)
             carried = self._next_copies
-            copies = None if carried is None else carried.next_epoch().to_dict()
+            copies = None if carried is None else carried.next_epoch()
         else:
             epoch, base_seed, loaded = resume.epoch, resume.base_seed, resume.state
             progress = EpochProgress(
@@ -95,7 +95,7 @@ class ResumeTracker:
             )
             progress.position, progress.delivered_ahead = resume.position, set(resume.delivered_ahead)
             progress.skipped = list(resume.skipped)
-            copies = None if resume.copies is None else resume.copies.to_dict()
+            copies = resume.copies
         self._next_copies = None
         self.epoch = epoch + 1
         self._last_base_seed = base_seed
@@ -184,7 +184,7 @@ class ResumeTracker:
             sampler=positioned(progress.sampler_state, progress.position),
             generator_state=progress.generator_state,
             dataset_state=None,
-            copies=Copies.of(progress.copies),
+            copies=progress.copies,
             replay=progress.replay,
             first_batch=progress.first_batch,
         )
@@ -221,7 +221,7 @@ class ResumeTracker:
         if self._next_copies is not None:
             return self._next_copies
         progress = self._progress
-        return Copies.of(progress.copies) if progress is not None and progress.finished else None
+        return progress.copies if progress is not None and progress.finished else None
 
     # -- load -----------------------------------------------------------------
 

@@ -18,11 +18,9 @@ Records (each with ``to_dict()``, and a ``from_dict()`` that checks what it deco
   * skipped samples are ``skips.SkippedSample`` records.
 
 ``to_dict()`` of a decoded state gives back the dict it was decoded from,
-key for key, for every state conveyor writes. The engine follows the copies
-as the plain dict ``Copies.to_dict()`` gives (``IterableProgress.snapshot``,
-made at every delivered batch, and what the executor starts a pass from);
-the tracker turns it into a record when it saves (``Copies.of``) and back
-when a pass begins, so nothing on the engine's way changes.
+key for key, for every state conveyor writes. ``Copies`` and ``CopyState``
+are the engine's own records (``_engine/loading/copies.py``), which follow the
+copies from the workers to the saved state; here they are decoded, once checked.
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
+from ._engine.loading.copies import Copies, CopyState
 from .skips import SkippedSample
 from .state_checks import (
     check_copies,
@@ -54,87 +53,6 @@ from .state_format import (
 )
 
 __all__ = ["LoaderState", "Copies", "CopyState", "ReplayPoint"]
-
-
-@dataclass(frozen=True)
-class CopyState:
-    """Where one copy of an iterable dataset stands, as its worker reports it
-    (``_engine/loading/fetch.py``, ``IterableFetcher.state``): the dataset's and
-    its iterator's own states (None: they have none), whether its iterator
-    ended, and how many batches it was asked for this epoch."""
-
-    dataset_state: Any
-    iterator_state: Any
-    iterator_ended: bool
-    served: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "dataset_state": self.dataset_state,
-            "iterator_state": self.iterator_state,
-            "iterator_ended": self.iterator_ended,
-            "served": self.served,
-        }
-
-    @classmethod
-    def of(cls, copy: Mapping[str, Any]) -> "CopyState":
-        """A copy's state as a worker reported it (or as checked)."""
-        return cls(copy["dataset_state"], copy["iterator_state"], copy["iterator_ended"], copy["served"])
-
-    @property
-    def reads_again(self) -> int:
-        """Batches whose items a resumed copy reads again: it has no state to
-        go on from and had not ended (fetch.py moves it on past them)."""
-        if self.dataset_state is None and self.iterator_state is None and not self.iterator_ended:
-            return int(self.served)
-        return 0
-
-
-@dataclass(frozen=True)
-class Copies:
-    """An iterable dataset's copies (the state's ``copies``): each copy's
-    state (None: it had not started), the workers whose copy ran out this
-    epoch (in the order delivery passed their end), and whose turn is next
-    in the round robin (the key ``next``)."""
-
-    states: tuple[Optional[CopyState], ...]
-    retired: tuple[int, ...]
-    next_turn: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """The plain dict of the state, as the engine takes and makes it."""
-        states = [None if copy is None else copy.to_dict() for copy in self.states]
-        return {"states": states, "retired": list(self.retired), "next": self.next_turn}
-
-    @classmethod
-    def of(cls, snapshot: Optional[Mapping[str, Any]]) -> Optional["Copies"]:
-        """The engine's snapshot (``IterableProgress.snapshot``, made in this
-        process) as a record; None for None."""
-        if snapshot is None:
-            return None
-        states = tuple(None if copy is None else CopyState.of(copy) for copy in snapshot["states"])
-        return cls(states, tuple(snapshot["retired"]), snapshot["next"])
-
-    @classmethod
-    def from_dict(cls, saved: Any, view: LoaderView, delivered: Optional[int]) -> Optional["Copies"]:
-        """A saved ``copies``, checked against this loader (its worker count
-        and dataset; ``delivered``: the batches the state delivered in its
-        epoch, None between epochs)."""
-        check_copies(view, saved, delivered)
-        return cls.of(saved)
-
-    def next_epoch(self) -> "Copies":
-        """As the start of the next epoch: each copy's dataset state, a new
-        iteration, every worker active, worker 0 first."""
-        states = tuple(
-            None if copy is None else CopyState(copy.dataset_state, None, False, 0) for copy in self.states
-        )
-        return Copies(states, (), 0)
-
-    @property
-    def reads_again(self) -> int:
-        """Batches whose items copies without state read again to resume."""
-        return sum(copy.reads_again for copy in self.states if copy is not None)
 
 
 @dataclass(frozen=True)
@@ -245,7 +163,8 @@ class LoaderState:
         check_generator(generator_source(view), state["generator_state"])
         loads_dataset = view.iterable and view.num_workers == 0 and not in_epoch
         check_dataset_state(view.dataset, state["dataset_state"], "dataset_state", loads_dataset)
-        copies = Copies.from_dict(state["copies"], view, position + len(set(ahead)) if in_epoch else None)
+        check_copies(view, state["copies"], position + len(set(ahead)) if in_epoch else None)
+        copies = Copies.of(state["copies"])
         skipped = read_skipped(state["skipped"]) if "skipped" in state else None
         return cls(
             settings=state["settings"],

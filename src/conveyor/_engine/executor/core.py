@@ -42,6 +42,7 @@ from .results import batch_arrived, task_error
 from . import failing
 from .dispatch import Dispatcher
 from .records import Delivered, Lifecycle, Running
+from ..loading.copies import Copies
 from ..loading.fetch import FetchSpec
 from ..transport.messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
 from ..workers.pool import WorkerPool
@@ -118,8 +119,8 @@ class PoolExecutor:
         tasks: Iterator[Task],
         first_index: int = 0,
         skip: frozenset = frozenset(),
-        workers_resume: Optional[dict] = None,
-    ) -> Optional[dict]:
+        workers_resume: Optional[Copies] = None,
+    ) -> Optional[Copies]:
         """Start a new pass over ``tasks`` (the plan's: epoch, index, seed,
         indices; each booked as it is sent, dispatch.py); results of an
         abandoned pass are dropped on arrival.

@@ -20,6 +20,7 @@ import copy
 from typing import Any, Optional, Sequence
 
 from ...rng import derive_seed
+from ..loading.copies import Copies
 from .progress import IterableProgress
 
 
@@ -67,7 +68,7 @@ class MapKind:
         """A thread worker's dataset: the one dataset, shared."""
         return dataset
 
-    def progress(self, workers: int, saved: Optional[dict]) -> NoCopies:
+    def progress(self, workers: int, saved: Optional[Copies]) -> NoCopies:
         return NoCopies()
 
     def batch_seed(self, base_seed: int, batch_index: int) -> int:
@@ -100,7 +101,7 @@ class IterableKind:
         position, a shard list) is that worker's; the objects it holds are shared."""
         return copy.copy(dataset)
 
-    def progress(self, workers: int, saved: Optional[dict]) -> IterableProgress:
+    def progress(self, workers: int, saved: Optional[Copies]) -> IterableProgress:
         return IterableProgress(workers, saved)
 
     def batch_seed(self, base_seed: int, batch_index: int) -> int:

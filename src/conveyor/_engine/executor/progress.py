@@ -2,55 +2,54 @@
 
 Each worker holds its own copy of an iterable dataset. After every
 delivered batch the loader needs, to save its state: each copy's own state
-(when the dataset has ``state_dict``), which copies ran out this epoch, and
-whose turn is next in the round robin. A snapshot is a plain dict, the
-``copies`` of ``DataLoader.state_dict()``: made at every delivered batch and
-handed on as it is (``Delivered.copies``), it stays a dict; the state's typed
-record of it, ``state_records.Copies``, is made from it only when the loader
-saves (``Copies.of``) and given back as this dict when a pass begins
-(``Copies.to_dict``).
+(a ``CopyState``, as its worker reports it), which copies ran out this
+epoch, and whose turn is next in the round robin. A snapshot is the typed
+``Copies`` (``loading/copies.py``): made at every delivered batch, handed on
+as it is (``Delivered.copies``), and saved as it is (the state's ``copies``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
+
+from ..loading.copies import Copies, CopyState
 
 
 class IterableProgress:
     """The workers' progress through an iterable dataset, as of the last
     delivered batch."""
 
-    def __init__(self, num_workers: int, saved: Optional[dict] = None):
+    def __init__(self, num_workers: int, saved: Optional[Copies] = None):
         if saved is None:
-            self.states: list = [None] * num_workers
+            self.states: list[Optional[CopyState]] = [None] * num_workers
             self.retired: list[int] = []
             self.next_turn = 0
         else:
-            self.states = list(saved["states"])
-            self.retired = list(saved["retired"])
-            self.next_turn = int(saved["next"])
+            self.states = list(saved.states)
+            self.retired = list(saved.retired)
+            self.next_turn = saved.next_turn
         #: Batch index -> (worker id, its state) of copies that ran out, until
         #: delivery passes that batch.
-        self._exhausted_at: dict[int, tuple[int, Any]] = {}
+        self._exhausted_at: dict[int, tuple[int, Optional[CopyState]]] = {}
         #: Batch index -> (worker id, its state after it) of batches that
         #: arrived and wait for their turn.
-        self._arrived: dict[int, tuple[int, Any]] = {}
+        self._arrived: dict[int, tuple[int, Optional[CopyState]]] = {}
 
-    def restore_points(self) -> dict[int, Any]:
+    def restore_points(self) -> dict[int, CopyState]:
         """Worker id -> the state its copy resumes from (those with one)."""
         return {wid: state for wid, state in enumerate(self.states) if state is not None}
 
-    def started(self, worker_id: int, state: Any) -> None:
+    def started(self, worker_id: int, state: Optional[CopyState]) -> None:
         """``worker_id``'s copy started its epoch now, standing at ``state``."""
         self.states[worker_id] = state
 
-    def delivered(self, worker_id: int, state: Any) -> None:
+    def delivered(self, worker_id: int, state: Optional[CopyState]) -> None:
         """A batch of ``worker_id`` was delivered; its copy now stands at ``state``."""
         if state is not None:
             self.states[worker_id] = state
         self.next_turn = (worker_id + 1) % len(self.states)
 
-    def arrived(self, batch_index: int, worker_id: int, state: Any) -> None:
+    def arrived(self, batch_index: int, worker_id: int, state: Optional[CopyState]) -> None:
         """Batch ``batch_index`` of ``worker_id`` arrived, after which its copy
         stands at ``state``: so it stands once the batch is handed over."""
         self._arrived[batch_index] = (worker_id, state)
@@ -61,7 +60,7 @@ class IterableProgress:
         if found is not None:
             self.delivered(*found)
 
-    def exhausted(self, batch_index: int, worker_id: int, state: Any) -> None:
+    def exhausted(self, batch_index: int, worker_id: int, state: Optional[CopyState]) -> None:
         """``worker_id``'s copy ran out when asked for batch ``batch_index``."""
         self._exhausted_at[batch_index] = (worker_id, state)
 
@@ -76,6 +75,6 @@ class IterableProgress:
         if worker_id not in self.retired:
             self.retired.append(worker_id)
 
-    def snapshot(self) -> dict:
-        """A copy as plain values (``copies`` in DataLoader.state_dict)."""
-        return {"states": list(self.states), "retired": list(self.retired), "next": self.next_turn}
+    def snapshot(self) -> Copies:
+        """Where the copies stand now (``copies`` in DataLoader.state_dict)."""
+        return Copies(tuple(self.states), tuple(self.retired), self.next_turn)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Protocol
 
+from ..loading.copies import Copies
 from ..transport.messages import LoadTimes, Task, pack_load_times, unpack_load_times
 
 
@@ -164,7 +165,7 @@ class Delivered(NamedTuple):
     batch_index: int
     data: Any = None
     error: Optional[BaseException] = None
-    copies: Optional[dict] = None
+    copies: Optional[Copies] = None
     #: Where the batch's time went (None when stats are off or it failed).
     timings: Optional[Timings] = None
     #: Samples left out of it (skip_bad_samples): skips.SkippedSample records.
@@ -182,8 +183,8 @@ class Executor(Protocol):
         tasks: Iterator[Task],
         first_index: int = 0,
         skip: frozenset = frozenset(),
-        workers_resume: Optional[dict] = None,
-    ) -> Optional[dict]:
+        workers_resume: Optional[Copies] = None,
+    ) -> Optional[Copies]:
         """Start a pass over ``tasks`` (the plan's, each booked by the
         executor as it sends it: see PoolExecutor.begin_epoch); where
         an iterable dataset's copies stand as it starts (None: fresh copies

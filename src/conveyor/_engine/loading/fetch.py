@@ -18,6 +18,7 @@ from ...collate.rules import collate_into
 from ...rng import derive_seed, seed_global_generators, thread_sample_random
 from ...stateful import is_stateful
 from ..errors import add_note
+from .copies import CopyState
 from .reads import Skips, choose_reads
 
 
@@ -113,7 +114,7 @@ class MapFetcher:
         """A map-style task carries its batch's seed: derive_seed(base_seed, batch index)."""
         return task_seed
 
-    def begin_epoch(self, restore: Any = None) -> None:
+    def begin_epoch(self, restore: Optional[CopyState] = None) -> None:
         """A new epoch: nothing to start (samples are named by the tasks)."""
 
     def state(self) -> None:
@@ -164,9 +165,9 @@ class IterableFetcher:
         not depend on how the main process happened to hand out tasks."""
         return None if task_seed is None else derive_seed(task_seed, self.worker_id, self.served)
 
-    def begin_epoch(self, restore: Any = None) -> None:
+    def begin_epoch(self, restore: Optional[CopyState] = None) -> None:
         """Begin a new pass over the dataset (a new epoch), or continue one
-        from ``restore`` (a dict made by :meth:`state`): the dataset's state
+        from ``restore`` (as :meth:`state` made it): the dataset's state
         is loaded, ``iter()`` called, then the iterator's state loaded; a
         copy with neither state is moved on past the items of the batches
         already served (read again, not collated), as torchdata does. When
@@ -176,11 +177,11 @@ class IterableFetcher:
         self._iterator, self._begun = iter(()), False
         self.ended = True
         self.served = 0
-        if restore is not None and restore.get("dataset_state") is not None:
+        if restore is not None and restore.dataset_state is not None:
             with self._loading("dataset_state", dataset):
-                dataset.load_state_dict(restore["dataset_state"])
+                dataset.load_state_dict(restore.dataset_state)
         iterator = iter(dataset)
-        if restore is not None and restore.get("iterator_state") is not None:
+        if restore is not None and restore.iterator_state is not None:
             if not callable(getattr(iterator, "load_state_dict", None)):
                 raise ValueError(
                     f"DataLoader.load_state_dict: the state's 'copies.states[{self.worker_id}].iterator_state' "
@@ -189,14 +190,14 @@ class IterableFetcher:
                     f"this dataset"
                 )
             with self._loading("iterator_state", iterator):
-                iterator.load_state_dict(restore["iterator_state"])
+                iterator.load_state_dict(restore.iterator_state)
         self._iterator, self._begun = iterator, True
         self.ended = False
         if restore is None:
             return
-        self.ended = bool(restore.get("iterator_ended"))
-        self.served = int(restore.get("served", 0))
-        if restore.get("dataset_state") is None and restore.get("iterator_state") is None and not self.ended:
+        self.ended = bool(restore.iterator_ended)
+        self.served = int(restore.served)
+        if restore.reads_again:  # (resume mechanism 4: docs/architecture.md, "Resume mechanisms")
             self._skip_items(self.served * self._per_batch)
 
     @contextlib.contextmanager
@@ -220,21 +221,21 @@ class IterableFetcher:
                 self.ended = True
                 return
 
-    def state(self) -> dict:
-        """Where this process's copy stands: plain values for DataLoader.state_dict
-        (the dataset's and its iterator's own states when they have them).
+    def state(self) -> CopyState:
+        """Where this process's copy stands, for DataLoader.state_dict (the
+        dataset's and its iterator's own states when they have them).
 
         A dataset that is its own iterator (``__iter__`` returns ``self``)
         gives its state as the iterator's, restored after ``iter()`` (which
         would otherwise reset it), as torchdata does."""
         dataset, iterator = self.spec.dataset, self._iterator
         own_iterator = iterator is dataset
-        return {
-            "dataset_state": dataset.state_dict() if is_stateful(dataset) and not own_iterator else None,
-            "iterator_state": iterator.state_dict() if self._begun and is_stateful(iterator) else None,
-            "iterator_ended": self.ended,
-            "served": self.served,
-        }
+        return CopyState(
+            dataset_state=dataset.state_dict() if is_stateful(dataset) and not own_iterator else None,
+            iterator_state=iterator.state_dict() if self._begun and is_stateful(iterator) else None,
+            iterator_ended=self.ended,
+            served=self.served,
+        )
 
     def fetch(self, indices: Any, allocate: Optional[Allocate] = None, clock: Optional[StageClock] = None) -> Any:
         spec = self.spec

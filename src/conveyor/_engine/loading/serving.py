@@ -36,6 +36,7 @@ from ...collate.allocation import allocate_batch
 from ..cpu import ThreadClock
 from ..errors import capture_failure
 from .fetch import EndOfData, FetchSpec, StageClock, fetch_seeded
+from .copies import CopyState
 from .reads import EmptyBatch
 from ..transport.messages import Batch, Exhausted, Fatal, LoadTimes, Task, TaskFailed
 from .rows import RowPlacer, SlotAllocator
@@ -179,7 +180,7 @@ class Serving:
         self._noted = False
         self._cpu = ThreadClock()
 
-    def begin_epoch(self, epoch_id: int, restore: Any) -> Optional[dict]:
+    def begin_epoch(self, epoch_id: int, restore: Optional[CopyState]) -> Optional[CopyState]:
         """Start epoch ``epoch_id`` now rather than at its first task (an
         inline worker: torch calls an iterable dataset's ``__iter__`` when
         the loader's is called); where its copy then stands (None: map-style)."""

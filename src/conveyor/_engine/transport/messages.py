@@ -20,6 +20,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
+from ..loading.copies import CopyState
+
 
 @dataclass
 class Task:
@@ -47,7 +49,7 @@ class Task:
     slot: Optional[int] = None
     #: A resumed epoch's first task to a worker: where its copy of an
     #: iterable dataset stood (see ``IterableFetcher.begin_epoch``).
-    restore: Any = None
+    restore: Optional[CopyState] = None
     #: Threads that fill the batch's self-filling leaves (rows.RowPlacer):
     #: more than 1 for the first batch of an epoch, which the loop waits for;
     #: 0: one thread at a lower CPU priority (another worker's first batch
@@ -120,7 +122,7 @@ class Batch:
     note: Optional[str] = None
     #: Where the worker's iterable dataset stands after this batch, when it
     #: has state_dict (for DataLoader.state_dict).
-    worker_state: Any = None
+    worker_state: Optional[CopyState] = None
     #: How long loading took; None when stats are off.
     times: Optional[LoadTimes] = None
     #: Samples left out (skip_bad_samples): (index, "Type: message", traceback).
@@ -139,7 +141,7 @@ class Batch:
 
 
 def _batch_from_pipe(epoch_id: int, batch_index: int, worker_id: int, data: Any, used: int, slot_size: int,
-                     note: Optional[str], worker_state: Any, times: Optional[bytes], skipped: tuple, empty: bool) -> Batch:
+                     note: Optional[str], worker_state: Optional[CopyState], times: Optional[bytes], skipped: tuple, empty: bool) -> Batch:
     """A Batch as it arrives through a pipe (Batch.__reduce__), its LoadTimes unpacked."""
     load_times = None if times is None else LoadTimes._make(unpack_load_times(times))
     return Batch(epoch_id, batch_index, worker_id, data, used, slot_size, note, worker_state, load_times, skipped, empty)
@@ -152,7 +154,7 @@ class Exhausted:
     epoch_id: int
     batch_index: int
     worker_id: int
-    worker_state: Any = None
+    worker_state: Optional[CopyState] = None
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from ..loading.copies import CopyState
 from ..loading.fetch import make_fetcher
 from ..transport.messages import Batch, Task
 from ..loading.serving import Serving, WorkerConfig, WorkerFds
@@ -86,7 +87,7 @@ class InlineWorkers:
         self._serving = Serving(config, make_fetcher(config.fetch, 0))
         self.workers = [InlineHandle()]
 
-    def begin_epoch(self, epoch_id: int, restore: dict) -> Optional[dict]:
+    def begin_epoch(self, epoch_id: int, restore: dict[int, CopyState]) -> Optional[dict[int, CopyState]]:
         """Start the epoch now: an iterable dataset's ``__iter__`` runs (its
         copy continues from ``restore[0]`` when given); where each copy
         stands then ({0: state}), None for a map-style dataset."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional, Protocol
 
+from ..loading.copies import CopyState
 from ..transport.messages import Batch, Task
 
 
@@ -98,7 +99,7 @@ class Workers(Protocol):
         close_fds)`` gives each its WorkerConfig) and ``num_slots`` slots
         for their batches; on a failure, stop what started and raise."""
 
-    def begin_epoch(self, epoch_id: int, restore: dict) -> Optional[dict]:
+    def begin_epoch(self, epoch_id: int, restore: dict[int, CopyState]) -> Optional[dict[int, CopyState]]:
         """Epoch ``epoch_id`` begins, its iterable copies continuing from
         ``restore`` (worker id -> state). Workers that start their copies
         now (inline) return where each then stands; others None (they start
