@@ -41,7 +41,7 @@ CORE_NAMES = {
     "StackDataset", "StallWarning", "Stateful", "Subset", "SubsetRandomSampler", "TensorDataset",
     "TokenBudgetBatchSampler", "TransportError", "WeightedRandomSampler", "WorkerDiedError", "WorkerInfo",
     "default_collate", "default_convert", "derive_seed", "get_worker_info", "random_split", "register_collate",
-    "sample_rng", "SampleRandom", "SkipBudget", "SkippedSample", "BadSampleBudgetExceeded",
+    "sample_rng", "SampleRandom", "SkipBudget", "SkippedSample", "BadSampleBudgetExceeded", "RayWorkers",
 }
 
 

@@ -3,7 +3,8 @@
 The pool executor drives its workers only through the ``Workers`` protocol
 (``_engine/workers.py``): start, send, wait, decode, exit_error, slots, stop.
 Each implementation (processes under fork and spawn, threads, the inline
-worker of ``num_workers=0``) runs the same tests here, driven directly,
+worker of ``num_workers=0``, Ray actors on a local Ray instance started
+once for the module) runs the same tests here, driven directly,
 without a DataLoader: a new kind of worker is done when it passes them.
 
     start ──▶ one Ready per worker (the inline worker is ready from the start)
@@ -32,8 +33,11 @@ from conveyor._engine.workers.inline import InlineWorkers
 from conveyor._engine.executor.kinds import MAP
 from conveyor._engine.workers.pool import WorkerPool
 from conveyor._engine.workers.threads import ThreadWorkers
+from conveyor._engine.workers.ray_actors import RayActorWorkers
+from conveyor.ray_options import RayWorkers
 from conveyor._engine.loading.serving import Place, WorkerConfig
 from conveyor._engine.workers.protocol import EXITED
+from ray_helpers import local_ray  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,7 +65,21 @@ IMPLEMENTATIONS = {
     "processes (spawn)": (lambda: WorkerPool("spawn"), 2, Place.PROCESS),
     "threads": (ThreadWorkers, 2, Place.THREAD),
     "inline": (InlineWorkers, 1, Place.INLINE),
+    "ray actors": (lambda: RayActorWorkers(RayWorkers(num_cpus=1, start_timeout=PATIENCE_S)), 2, Place.PROCESS),
 }
+
+try:
+    import ray  # noqa: F401
+except ImportError:  # (pip install conveyor[ray]: without it, Ray's turn is skipped)
+    del IMPLEMENTATIONS["ray actors"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_for_the_module(request):
+    """The local Ray instance, up before the first test takes its snapshot
+    of what runs (so that Ray's own servers are no test's leftovers)."""
+    if "ray actors" in IMPLEMENTATIONS:
+        request.getfixturevalue("local_ray")
 
 
 def config_maker(num_workers: int, place: Place):

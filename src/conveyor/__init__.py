@@ -19,6 +19,7 @@ from .dataset import (
     TensorDataset,
 )
 from .loader import DataLoader
+from .ray_options import RayWorkers
 from .rng import SampleRandom, derive_seed, sample_rng
 from .sampler import (
     BatchSampler,
@@ -53,6 +54,7 @@ __all__ = [
     "IterableDataset",
     "PadCollate",
     "RandomSampler",
+    "RayWorkers",
     "SampleRandom",
     "Sampler",
     "SequentialSampler",

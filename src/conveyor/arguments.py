@@ -13,6 +13,7 @@ from typing import Any, Optional
 from ._engine import portable
 from ._engine.workers.launch import START_METHODS
 from .dataset import is_iterable_dataset, is_map_dataset
+from .ray_options import RayWorkers
 
 
 def is_int(value: Any) -> bool:
@@ -27,19 +28,28 @@ def check_iterable(value: Any, name: str) -> None:
         )
 
 
-#: DataLoader(worker_method=): worker processes, or threads of the main process.
-WORKER_METHODS = ("multiprocessing", "thread")
+#: DataLoader(worker_method=): worker processes, threads of the main process,
+#: or Ray actors on a cluster (also a conveyor.RayWorkers(...) with their options).
+WORKER_METHODS = ("multiprocessing", "thread", "ray")
 
 
 def check_worker_method(worker_method: Any) -> None:
-    if worker_method not in WORKER_METHODS:
+    if isinstance(worker_method, RayWorkers):
+        return
+    if not isinstance(worker_method, str) or worker_method not in WORKER_METHODS:
         raise ValueError(
-            f"worker_method must be one of {WORKER_METHODS!r} (worker processes, or threads of this "
-            f"process for datasets that wait on I/O), got {worker_method!r}"
+            f"worker_method must be one of {WORKER_METHODS!r} (worker processes; threads of this "
+            f"process for datasets that wait on I/O; Ray actors on a cluster) or conveyor.RayWorkers(...) "
+            f"(Ray actors with their resources and placement), got {worker_method!r}"
         )
 
 
-def check_multiprocessing_context(context: Any, num_workers: int, worker_method: str) -> Any:
+def local_processes(worker_method: Any) -> bool:
+    """Whether ``worker_method`` starts worker processes on this machine."""
+    return isinstance(worker_method, str) and worker_method == "multiprocessing"
+
+
+def check_multiprocessing_context(context: Any, num_workers: int, worker_method: Any) -> Any:
     """The start method's context object (as torch keeps it), or None."""
     if context is None:
         return None
@@ -48,10 +58,11 @@ def check_multiprocessing_context(context: Any, num_workers: int, worker_method:
             f"multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
             f"but got num_workers={num_workers}"
         )
-    if worker_method == "thread":
+    if not local_processes(worker_method):
+        name = "RayWorkers(...)" if isinstance(worker_method, RayWorkers) else repr(worker_method)
         raise ValueError(
-            "multiprocessing_context chooses how worker processes start, and worker_method='thread' starts "
-            "none; drop one of them"
+            f"multiprocessing_context chooses how worker processes start on this machine, and "
+            f"worker_method={name} starts none here; drop one of them"
         )
     if isinstance(context, str):
         valid = [m for m in START_METHODS if m in multiprocessing.get_all_start_methods()]
@@ -70,7 +81,7 @@ def check_multiprocessing_context(context: Any, num_workers: int, worker_method:
 
 
 def check_workers(
-    num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: bool, worker_method: str = "multiprocessing"
+    num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: bool, worker_method: Any = "multiprocessing"
 ) -> None:
     if not is_int(num_workers):
         raise TypeError(f"num_workers must be an int, got {type(num_workers).__name__} ({num_workers!r})")
@@ -99,7 +110,7 @@ def check_workers(
                 "prefetch_factor=0 would keep no batch in flight and load nothing; use 1 or more "
                 "(the default is 2)"
             )
-    if num_workers > 0 and worker_method != "thread":
+    if num_workers > 0 and local_processes(worker_method):
         unsupported = portable.workers_unsupported()
         if unsupported is not None:
             raise NotImplementedError(unsupported)
@@ -109,10 +120,10 @@ def check_workers(
             "persistent_workers=True)"
         )
 
-def warn_worker_count(num_workers: int, worker_method: str, available: int) -> None:
+def warn_worker_count(num_workers: int, worker_method: Any, available: int) -> None:
     """torch's warning for more worker processes than usable cores (threads
-    wait on I/O, not cores: no warning)."""
-    if num_workers > available and worker_method != "thread":
+    wait on I/O, not cores, and Ray actors use the cluster's: no warning)."""
+    if num_workers > available and local_processes(worker_method):
         warnings.warn(
             f"This DataLoader will create {num_workers} worker processes in total. Our suggested "
             f"max number of worker in current system is {available}, which is smaller than what this "

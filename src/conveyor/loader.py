@@ -40,6 +40,7 @@ from ._engine.executor.pin import pinning
 from .stats.scalars import MetricsWriter, stats_callback
 from .plan import Plan
 from .loader_plan import make_plan
+from .ray_options import RayWorkers
 from ._engine.cpu import usable_cores
 from ._engine.executor.core import PoolExecutor
 
@@ -96,6 +97,7 @@ class DataLoader(Generic[T_co]):
       pickling, no copies, same batches and guarantees. The global
       generators are then the training loop's and are not seeded per
       batch: draw from ``conveyor.sample_rng()`` (docs/threads.md).
+      ``"ray"`` or ``RayWorkers(...)``: Ray actors on a cluster (docs/scale-out.md).
 
     Example::
 
@@ -142,7 +144,7 @@ class DataLoader(Generic[T_co]):
         collect_stats: bool = True,
         progress: bool = False,
         reads_in_flight: int = 1,
-        worker_method: str = "multiprocessing",
+        worker_method: Union[str, RayWorkers] = "multiprocessing",
         skip_bad_samples: Union[None, int, float, _skips.SkipBudget] = None,
     ) -> None:
         _args.check_worker_method(worker_method)

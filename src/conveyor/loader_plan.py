@@ -20,6 +20,7 @@ from ._engine.executor.records import Running
 from ._engine.loading.fetch import FetchSpec, collate_route
 from ._engine.workers.launch import START_METHODS, resolve_start_method
 from .plan import Delivering, Plan, Sampling
+from .ray_options import ray_workers_of
 from .skips import epoch_samples
 
 __all__ = ["LoaderArguments", "make_plan", "start_method"]
@@ -39,7 +40,7 @@ class LoaderArguments(Protocol):
     pin_memory: bool
     timeout: float
     worker_init_fn: Optional[Callable[[int], None]]
-    worker_method: str
+    worker_method: Any
     multiprocessing_context: Any
     in_order: bool
     generator: Any
@@ -89,6 +90,7 @@ def make_plan(loader: LoaderArguments) -> Plan:
         stall_warning_s=0.0 if inline else float(loader.stall_warning),
         timed=loader._stats is not None,
         persistent=loader.persistent_workers,
+        ray=None if inline else ray_workers_of(loader.worker_method),
     )
     index_sampler = loader._index_sampler
     which = "batch_sampler" if loader.batch_sampler is not None else "sampler"
@@ -111,9 +113,11 @@ def make_plan(loader: LoaderArguments) -> Plan:
     return Plan(loading, running, sampling, delivering)
 
 
-def start_method(multiprocessing_context: Any, worker_method: str) -> str:
-    """Where workers run when there are any: "thread", or the process start
-    method of ``multiprocessing_context`` (the platform's default when None)."""
+def start_method(multiprocessing_context: Any, worker_method: Any) -> str:
+    """Where workers run when there are any: "thread", "ray", or the process
+    start method of ``multiprocessing_context`` (the platform's default when None)."""
+    if ray_workers_of(worker_method) is not None:
+        return "ray"
     if worker_method == "thread":
         return "thread"
     method = resolve_start_method(multiprocessing_context)

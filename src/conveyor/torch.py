@@ -41,6 +41,7 @@ from ._engine.info import WorkerInfo, get_worker_info  # noqa: F401  (re-exporte
 from .rng import GeneratorLike
 from .rng import SampleRandom, sample_rng  # noqa: F401  (re-exported)
 from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample  # noqa: F401  (re-exported)
+from .ray_options import RayWorkers  # noqa: F401  (re-exported)
 from ._engine.errors import TransportError, WorkerDiedError  # noqa: F401  (re-exported)
 from ._engine.executor.watchdog import StallWarning  # noqa: F401  (re-exported)
 

@@ -51,14 +51,18 @@ from .reorder import ReorderBuffer
 from ..transport.slots import SPARE_SLOTS
 from ..workers.inline import InlineWorkers
 from ..workers.threads import ThreadWorkers
+from ..workers.ray_actors import RayActorWorkers
+from ...ray_options import RayWorkers
 from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers
 from ..loading.serving import worker_config
 from ..workers.protocol import EXITED, Broken, WorkerView, Workers
 
 
-def _workers_for(start_method: str) -> Workers:
+def _workers_for(start_method: str, ray: Optional[RayWorkers] = None) -> Workers:
     """The Workers that reach workers started this way: "inline" (num_workers=0),
-    "thread", or a process start method."""
+    "thread", "ray" (actors asking for ``ray``'s resources), or a process start method."""
+    if start_method == "ray":
+        return RayActorWorkers(ray)
     if start_method == "inline":
         return InlineWorkers()
     if start_method == "thread":
@@ -79,7 +83,7 @@ class PoolExecutor:
         self.loading, self.running, self.base_seed = loading, running, base_seed
         self.state = Lifecycle.NEW
         self._owner_pid = os.getpid()
-        self._pool: Workers = _workers_for(running.method)
+        self._pool: Workers = _workers_for(running.method, running.ray)
         self._error: Optional[BaseException] = None
         #: Workers that have not said Ready yet; nothing is delivered until none.
         self._starting: set[int] = set()

@@ -46,7 +46,7 @@ class Running:
     workers: int
     #: The loader's num_workers as the user gave it.
     num_workers: int
-    #: "inline" (num_workers=0), "thread", or "fork" / "spawn" / "forkserver".
+    #: "inline" (num_workers=0), "thread", "ray", or "fork" / "spawn" / "forkserver".
     method: str
     #: Batches in flight per worker (1 inline: nothing is loaded ahead).
     prefetch_factor: int
@@ -63,6 +63,8 @@ class Running:
     timed: bool
     #: The loader keeps its workers between passes.
     persistent: bool
+    #: method "ray": what each worker's actor asks the cluster for (conveyor.RayWorkers).
+    ray: Optional[Any] = None
 
     @property
     def threads(self) -> bool:

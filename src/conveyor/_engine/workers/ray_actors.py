@@ -1,0 +1,373 @@
+"""Ray actor workers (``worker_method="ray"`` or ``conveyor.RayWorkers(...)``):
+the worker loop in one Ray actor per worker, anywhere on the cluster.
+
+    executor ──send: Task──▶ actor.load.remote(task) ──▶ Serving.load ──▶ Batch (arrays of its own)
+             ◀──wait: ray.wait over the refs in hand, each worker's answers in order──
+             ──decode: the batch's arrays from Ray's object store (copied where read-only)
+
+Each actor (ray_worker.py) sets up as a worker process does (``process._set_up``: seeded,
+``get_worker_info()``, ``worker_init_fn``, its fetcher), then loads each task
+with the same ``Serving.load`` as ``Place.PROCESS`` (the global generators
+seeded per batch), so a batch is the one a local worker process makes for
+the same task. What differs:
+
+* no shared-memory slots (they cannot cross machines): a batch is collated
+  into arrays of its own and returned through Ray's object store;
+* the config travels cloudpickled with the main process's ``sys.path``
+  (as to a spawned worker), so the user's own modules import on this node;
+* a lost actor (killed, its node gone) resolves its refs with Ray's error:
+  the worker is EXITED and ``exit_error`` names its node and the batch in
+  hand; with ``RayWorkers(restart_lost=n)`` a new actor takes its place and
+  its batches in hand are loaded again (map-style datasets);
+* an actor Ray cannot place within ``start_timeout`` ends as a worker that
+  died while starting, naming what it asked for;
+* there is no stack to ask a remote actor for (``stack_text`` is "").
+
+``import ray`` happens only in :meth:`RayActorWorkers.start` and in the
+actors: the core never needs Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..errors import WorkerDiedError
+from ..executor.kinds import MAP
+from ..loading.serving import WorkerConfig, WorkerFds
+from ..transport.messages import Batch, Fatal, Ready, Task
+from ..transport.tree import map_leaves
+from ...ray_options import RayWorkers
+from .protocol import EXITED, Broken
+from .ray_worker import LoadingActor, pickle_config
+
+#: The longest one wait on Ray blocks before the executor looks again (its
+#: deadline, the stall watchdog, a start that takes too long).
+_WAIT_SLICE_S = 1.0
+#: How long reading a result that Ray says is ready may take (a transfer from another node).
+_GET_TIMEOUT_S = 120.0
+#: After a stop, how long to wait for this node's actor processes to end.
+_STOP_WAIT_S = 5.0
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            f"worker_method='ray' needs Ray: pip install 'conveyor[ray]' ({exc})"
+        ) from exc
+    return ray
+
+
+def _lost_errors(ray: Any) -> tuple:
+    """Ray's errors for an actor, its process or its node gone."""
+    found = ray.exceptions
+    return (found.RayActorError, found.ObjectLostError, found.WorkerCrashedError, found.NodeDiedError)
+
+
+@dataclass(eq=False)
+class RayHandle:
+    """The executor's view of one Ray actor worker (a workers.WorkerView)."""
+
+    id: int
+    actor: Any = None
+    outstanding: deque = field(default_factory=deque)
+    active: bool = True
+    exited: bool = False
+    busy_since: float = 0.0
+    ready: bool = False
+    #: (Task, ObjectRef) sent and not answered yet, in the order sent.
+    calls: deque = field(default_factory=deque)
+    #: The ref of its set-up until it answers, and by when it must.
+    setting_up: Any = None
+    start_by: float = 0.0
+    process_id: int = 0
+    node_id: str = ""
+    node_address: str = ""
+    #: How it was lost, in Ray's words ("" while it runs).
+    lost: str = ""
+
+    @property
+    def pid(self) -> int:
+        return self.process_id
+
+    @property
+    def timing_ids(self) -> tuple[int, int]:
+        return self.id, self.process_id
+
+    def current(self, epoch_id: int) -> Optional[Task]:
+        for task in self.outstanding:
+            if task.epoch_id == epoch_id:
+                return task
+        return None
+
+    def where(self) -> str:
+        if not self.node_id:
+            return "Ray actor, not placed yet"
+        return f"Ray actor, pid {self.process_id} on node {self.node_address} (node id {self.node_id})"
+
+    def describe(self) -> str:
+        return f"worker {self.id} ({self.where()})"
+
+    def stack_text(self) -> str:
+        return ""
+
+
+class RayActorWorkers:
+    """The Ray actors of one executor (a workers.Workers)."""
+
+    #: A forked child of the user's process is no Ray driver of these actors.
+    process_bound = True
+    transports = True
+
+    def __init__(self, options: Optional[RayWorkers] = None) -> None:
+        self.options = options if options is not None else RayWorkers()
+        self.workers: list[RayHandle] = []
+        self._ray: Any = None
+        self._actor_class: Any = None
+        self._payloads: dict[int, bytes] = {}
+        self._restarts_left = self.options.restart_lost
+        self._restartable = False
+
+    # --------------------------------------------------------------- start
+    def start(self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int) -> None:
+        """Connect to Ray (``ray.init()`` when the user has not), pickle
+        each worker's config and start its actor; no slots."""
+        ray = self._ray = _import_ray()
+        configs = [make_config(wid, WorkerFds(), ()) for wid in range(num_workers)]
+        self._restartable = bool(configs) and configs[0].fetch.kind is MAP
+        self._payloads = {config.worker_id: pickle_config(config) for config in configs}
+        if not ray.is_initialized():
+            ray.init()
+        self._actor_class = ray.remote(LoadingActor)
+        try:
+            for wid in range(num_workers):
+                handle = RayHandle(wid)
+                self.workers.append(handle)
+                self._start_actor(handle)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_actor(self, handle: RayHandle) -> None:
+        options = self.options.actor_options()
+        handle.actor = self._actor_class.options(**options).remote()
+        handle.setting_up = handle.actor.set_up.remote(handle.id, list(sys.path), self._payloads[handle.id])
+        handle.start_by = time.monotonic() + self.options.start_timeout
+        handle.ready = False
+
+    @property
+    def watched(self) -> bool:
+        return any(not worker.exited for worker in self.workers)
+
+    @property
+    def small_batches(self) -> bool:
+        """Never judged small: the window stays ``prefetch_factor × num_workers``."""
+        return False
+
+    def begin_epoch(self, epoch_id: int, restore: dict) -> Optional[dict]:
+        """Actors start each epoch at its first task (``Task.restore``): nothing to do now."""
+        return None
+
+    # ------------------------------------------------------------ messages
+    def send(self, worker: RayHandle, tasks: list[Task]) -> None:
+        if worker.exited:
+            return
+        for task in tasks:
+            try:
+                ref = worker.actor.load.remote(task)
+            except Exception as exc:
+                raise Broken(worker, task.batch_index, "could not send the task of", exc) from None
+            worker.calls.append((task, ref))
+
+    def wait(self, timeout_s: Optional[float]) -> list[tuple[RayHandle, Any]]:
+        """(worker, message) for each answer that arrived, each worker's in
+        the order sent, and (worker, EXITED) for a worker lost or ended; []
+        at the timeout (at most ``_WAIT_SLICE_S`` a call)."""
+        ray = self._ray
+        arrived: list[tuple[RayHandle, Any]] = []
+        now = time.monotonic()
+        for worker in self.workers:
+            if worker.setting_up is not None and now >= worker.start_by:
+                self._start_timed_out(worker, arrived)
+        refs = [ref for worker in self.workers if not worker.exited for ref in _refs_in_hand(worker)]
+        if arrived:
+            timeout_s = 0.0
+        slice_s = _WAIT_SLICE_S if timeout_s is None else min(timeout_s, _WAIT_SLICE_S)
+        starts = [worker.start_by - now for worker in self.workers if worker.setting_up is not None]
+        slice_s = max(0.0, min([slice_s, *starts]))
+        if not refs:
+            if slice_s > 0:
+                time.sleep(min(slice_s, 0.05))
+            return arrived
+        ready, _ = ray.wait(refs, num_returns=1, timeout=slice_s)
+        if ready:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        done = set(ready)
+        for worker in list(self.workers):
+            if not worker.exited:
+                self._take(worker, done, arrived)
+        return arrived
+
+    def _take(self, worker: RayHandle, done: set, arrived: list) -> None:
+        """Read the worker's answers that are ready, in the order sent."""
+        ray, lost = self._ray, _lost_errors(self._ray)
+        if worker.setting_up is not None:
+            if worker.setting_up not in done:
+                return
+            ref, worker.setting_up = worker.setting_up, None
+            try:
+                message, (pid, node_id, address) = ray.get(ref, timeout=_GET_TIMEOUT_S)
+            except lost as exc:
+                self._on_lost(worker, exc, arrived)
+                return
+            except Exception as exc:
+                raise Broken(worker, None, "could not read the start of", exc) from None
+            worker.process_id, worker.node_id, worker.node_address = pid, node_id, address
+            worker.ready = isinstance(message, Ready)
+            arrived.append((worker, message))
+            if isinstance(message, Fatal):
+                self._end(worker, arrived)
+                return
+        while worker.calls and worker.calls[0][1] in done:
+            task, ref = worker.calls[0]
+            try:
+                message = ray.get(ref, timeout=_GET_TIMEOUT_S)
+            except lost as exc:
+                self._on_lost(worker, exc, arrived)
+                return
+            except Exception as exc:
+                raise Broken(worker, task.batch_index, "could not read the result of", exc) from None
+            worker.calls.popleft()
+            arrived.append((worker, message))
+            if isinstance(message, Fatal):
+                self._end(worker, arrived)
+                return
+
+    # ------------------------------------------------------------ failures
+    def _on_lost(self, worker: RayHandle, exc: BaseException, arrived: list) -> None:
+        """Its actor, process or node is gone: start another in its place
+        and send it the tasks in hand again (``restart_lost``), or end it."""
+        worker.lost = _first_lines(str(exc))
+        if self._restartable and self._restarts_left > 0:
+            self._restarts_left -= 1
+            tasks = [task for task, _ in worker.calls]
+            worker.calls.clear()
+            _kill(self._ray, worker.actor)
+            worker.process_id, worker.node_id, worker.node_address = 0, "", ""
+            self._start_actor(worker)
+            self.send(worker, tasks)
+            return
+        self._end(worker, arrived)
+
+    def _start_timed_out(self, worker: RayHandle, arrived: list) -> None:
+        try:
+            available = self._ray.available_resources()
+        except Exception:
+            available = "unknown"
+        worker.lost = (
+            f"Ray did not start its actor within start_timeout={self.options.start_timeout} s. It asks for "
+            f"{self.options.describe()}; the cluster has available now: {available}. Start nodes with those "
+            f"resources, ask for fewer (RayWorkers(num_cpus=...)), or raise RayWorkers(start_timeout=...)."
+        )
+        worker.setting_up = None
+        self._end(worker, arrived)
+
+    def _end(self, worker: RayHandle, arrived: list) -> None:
+        worker.exited = True
+        worker.calls.clear()
+        worker.setting_up = None
+        _kill(self._ray, worker.actor)
+        arrived.append((worker, EXITED))
+
+    def decode(self, worker: RayHandle, task: Task, message: Batch) -> Any:
+        """The batch's arrays, as the user may keep and write them: what
+        Ray's object store hands out read-only is copied."""
+        return map_leaves(message.data, _writable)
+
+    def exit_error(self, worker: RayHandle, what: Optional[str], starting: bool = False) -> BaseException:
+        """Which worker, on which node, doing what, and what Ray said."""
+        if starting:
+            text = (
+                f"DataLoader worker {worker.id} ({worker.where()}) ended while starting, before it was ready "
+                f"(conveyor: worker_method='ray', each actor asking for {self.options.describe()})."
+            )
+        else:
+            doing = f"It was loading {what}." if what is not None else "It had no batch in hand."
+            text = f"DataLoader worker {worker.id} ({worker.where()}) was lost (conveyor: {doing})"
+            if self.options.restart_lost:
+                text += f" The {self.options.restart_lost} restart(s) RayWorkers(restart_lost=) allows are used up."
+        if worker.lost:
+            text += f"\nRay: {worker.lost}"
+        return WorkerDiedError(text)
+
+    # --------------------------------------------------------------- slots
+    def lend_slot(self) -> Optional[int]:
+        return None
+
+    def give_back(self, slot: Optional[int]) -> None:
+        pass
+
+    def slots_in_use(self) -> int:
+        return 0
+
+    # ---------------------------------------------------------------- stop
+    def stop(self) -> None:
+        """Kill every actor and wait (bounded) for this node's actor
+        processes to end; safe to call twice. Ray itself is the user's
+        (or lives until this process ends) and is left running."""
+        workers, self.workers = self.workers, []
+        if not workers or self._ray is None:
+            return
+        for worker in workers:
+            _kill(self._ray, worker.actor)
+            worker.exited = True
+            worker.calls.clear()
+        try:
+            here = self._ray.get_runtime_context().get_node_id()
+        except Exception:
+            return
+        local = [w.process_id for w in workers if w.process_id and w.node_id == here]
+        deadline = time.monotonic() + _STOP_WAIT_S
+        while local and time.monotonic() < deadline:
+            local = [pid for pid in local if os.path.exists(f"/proc/{pid}")]  # (until reaped, not only dead)
+            if local:
+                time.sleep(0.02)
+
+    def let_go(self) -> None:
+        """In a forked child: the actors are the parent's; forget them."""
+        self.workers = []
+
+
+def _refs_in_hand(worker: RayHandle) -> list:
+    refs = [ref for _, ref in worker.calls]
+    if worker.setting_up is not None:
+        refs.append(worker.setting_up)
+    return refs
+
+
+def _writable(leaf: Any) -> Any:
+    if isinstance(leaf, np.ndarray) and not leaf.flags.writeable:
+        return np.array(leaf)
+    return leaf
+
+
+def _kill(ray: Any, actor: Any) -> None:
+    if actor is None:
+        return
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:
+        pass  # (gone already, or Ray is shut down: nothing left to end)
+
+
+def _first_lines(text: str, count: int = 12) -> str:
+    lines = text.strip().splitlines()
+    return "\n".join(lines[:count] + (["…"] if len(lines) > count else []))

@@ -1,0 +1,174 @@
+"""DataLoader(worker_method="ray"): the loading workers as Ray actors on a
+local Ray instance (started once for the module, nothing of it left after).
+
+    same seed ──▶ "ray" and "multiprocessing" yield the same batches, bitwise,
+                  for 1, 2 and 3 workers, with random augmentations
+                  (random, numpy.random, torch.rand) in __getitem__
+    state_dict after k batches ──▶ a fresh loader yields the rest, the same
+    a user's exception ──▶ its type, its traceback, the batch's indices
+    a worker's process killed mid-epoch ──▶ WorkerDiedError naming the worker,
+                  its node and the batch in hand (never a hang); with
+                  RayWorkers(restart_lost=1) the epoch completes, the same
+    mistakes ──▶ ValueError/TypeError at construction, naming the fix
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+
+import numpy as np
+import pytest
+
+import conveyor
+from conveyor import DataLoader, RayWorkers, WorkerDiedError
+from ray_helpers import local_ray  # noqa: F401  (a fixture)
+
+pytest.importorskip("ray")
+
+# Generous: Ray takes 10-30 s to start actors on a loaded two-core machine; never asserted.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("local_ray")]
+
+
+class Augmented(conveyor.Dataset):
+    """Sample ``i``: ``i`` and draws from every global generator (seeded
+    per batch in a worker process, and so in an actor)."""
+
+    def __init__(self, n: int = 24):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        import torch
+
+        noise = [random.random(), float(np.random.rand()), float(torch.rand(1))]
+        return {"index": i, "x": np.array([i, *noise], dtype=np.float64), "t": torch.rand(2).numpy()}
+
+
+class FailsAt(Augmented):
+    """As Augmented; sample ``bad`` raises."""
+
+    def __init__(self, bad: int, n: int = 24):
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> dict:
+        if i == self.bad:
+            raise LookupError(f"sample {i} is missing")
+        return super().__getitem__(i)
+
+
+class KilledOnce(Augmented):
+    """As Augmented; the process that loads sample ``victim`` first is
+    killed (SIGKILL) there; the marker file says it happened."""
+
+    def __init__(self, victim: int, marker: str, n: int = 24):
+        super().__init__(n)
+        self.victim, self.marker = victim, marker
+
+    def __getitem__(self, i: int) -> dict:
+        if i == self.victim and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+def rows(loader) -> list[tuple]:
+    """Every batch as plain bytes, in order (bitwise comparison)."""
+    return [tuple((key, np.asarray(value).tobytes()) for key, value in batch.items()) for batch in loader]
+
+
+def reference(dataset, **kwargs) -> list[tuple]:
+    """What local worker processes yield for the same arguments."""
+    return rows(DataLoader(dataset, **{**kwargs, "worker_method": "multiprocessing"}))
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # (3 processes on 2 cores, for the reference)
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_ray_batches_are_bitwise_those_of_worker_processes(num_workers):
+    kwargs = dict(batch_size=4, shuffle=True, seed=11, num_workers=num_workers)
+    expected = reference(Augmented(), **kwargs)
+    got = rows(DataLoader(Augmented(), worker_method=RayWorkers(num_cpus=1), **kwargs))
+    assert got == expected
+    assert len(got) == 6
+
+
+def test_a_state_saved_mid_epoch_resumes_with_the_same_batches():
+    kwargs = dict(batch_size=3, shuffle=True, seed=5, num_workers=2, worker_method="ray")
+    expected = reference(Augmented(), **kwargs)
+    first = DataLoader(Augmented(), **kwargs)
+    it = iter(first)
+    head = [next(it) for _ in range(3)]
+    state = first.state_dict()
+    del it
+    resumed = DataLoader(Augmented(), **kwargs)
+    resumed.load_state_dict(state)
+    rest = rows(resumed)
+    head_rows = [tuple((key, np.asarray(value).tobytes()) for key, value in batch.items()) for batch in head]
+    assert head_rows + rest == expected
+
+
+def test_a_users_exception_arrives_with_its_type_traceback_and_indices():
+    loader = DataLoader(FailsAt(5), batch_size=4, num_workers=2, worker_method="ray")
+    it = iter(loader)
+    assert next(it)["index"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(LookupError, match="sample 5 is missing") as failed:
+        next(it)
+    text = str(failed.value)
+    assert "batch 1" in text and "5" in text and "worker" in text
+    assert "__getitem__" in text  # (the worker's traceback)
+    assert next(it)["index"].tolist() == [8, 9, 10, 11]  # (the pass goes on, as in torch)
+
+
+def test_a_killed_worker_is_reported_with_its_node_and_batch(tmp_path):
+    marker = str(tmp_path / "killed")
+    loader = DataLoader(KilledOnce(9, marker), batch_size=4, num_workers=2, worker_method="ray")
+    it = iter(loader)
+    with pytest.raises(WorkerDiedError) as died:
+        for _ in it:
+            pass
+    text = str(died.value)
+    assert os.path.exists(marker)
+    assert "Ray actor" in text and "on node" in text and "was lost" in text
+    # Worker 0 loads batches 0 and 2 (sample 9 is in 2); batch 0's answer may
+    # have been lost with its process, and then it is the one in hand.
+    assert re.search(r"worker 0 .* loading batch (0 \(sample indices \[0, 1, 2, 3\]|2 \(sample indices \[8, 9, 10, 11\])", text), text
+    with pytest.raises(WorkerDiedError, match="was lost"):  # (the same error, at once)
+        next(it)
+
+
+def test_with_restart_lost_the_epoch_completes_with_the_same_batches(tmp_path):
+    kwargs = dict(batch_size=4, shuffle=True, seed=3, num_workers=2)
+    expected = reference(Augmented(), **kwargs)
+    loader = DataLoader(KilledOnce(9, str(tmp_path / "killed")), worker_method=RayWorkers(restart_lost=1), **kwargs)
+    assert rows(loader) == expected
+    assert os.path.exists(tmp_path / "killed")
+
+
+def test_a_worker_ray_cannot_place_fails_naming_what_it_asked_for():
+    options = RayWorkers(resources={"no_such_node": 1}, start_timeout=5)
+    loader = DataLoader(Augmented(), batch_size=4, num_workers=1, worker_method=options)
+    with pytest.raises(WorkerDiedError, match="no_such_node") as failed:
+        rows(loader)
+    assert "start_timeout" in str(failed.value)
+
+
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        (lambda: DataLoader(Augmented(), num_workers=2, worker_method="Ray"), ValueError, "worker_method must be one of"),
+        (lambda: RayWorkers(num_cpus="two"), ValueError, "num_cpus"),
+        (lambda: RayWorkers(resources=["cpu_node"]), TypeError, "resources"),
+        (lambda: RayWorkers(scheduling_strategy="PACK"), ValueError, "SPREAD"),
+        (lambda: RayWorkers(restart_lost=-1), ValueError, "restart_lost"),
+        (lambda: DataLoader(Augmented(), num_workers=2, worker_method="ray", multiprocessing_context="spawn"),
+         ValueError, "drop one of them"),
+    ],
+)  # fmt: skip
+def test_mistakes_fail_at_construction_naming_the_fix(make, error, words):
+    with pytest.raises(error, match=words):
+        make()
