@@ -57,7 +57,7 @@ class LoaderIterator:
         self._progress = progress
         self._num_yielded = resume.count if resume is not None else 0
         first, skip = (resume.position, resume.delivered_ahead) if resume is not None else (0, frozenset())
-        if resume is not None and resume.sampler_skip:
+        if resume is not None and resume.sampler_skip:  # (resume mechanism 2: docs/architecture.md)
             indices = replay(indices, resume.sampler_skip, resume.first_batch, plan.sampling.sampler_text)
         drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, plan.sampling.index_sampler, first=first == 0))
         progress.draw_first = drawn.draw_first
@@ -197,8 +197,10 @@ class _FirstDrawAhead:
     """The index sampler's batches, whose first one can be drawn ahead of
     time: a state saved before the first batch is delivered must name the
     epoch's draw (a shuffle not yet drawn from the global generator would
-    be drawn anew after a resume). ``on_first(batch)`` sees the first batch
-    drawn. Thread-safe: the pin thread may iterate while the main thread saves."""
+    be drawn anew after a resume): resume mechanism 3 (docs/architecture.md,
+    "Resume mechanisms"; ``ResumeTracker._draw_pending`` draws it).
+    ``on_first(batch)`` sees the first batch drawn. Thread-safe: the pin
+    thread may iterate while the main thread saves."""
 
     def __init__(self, batches: Iterator, on_first: Callable[[Any], None]):
         self._batches = batches

@@ -132,7 +132,8 @@ class ResumeTracker:
         """Draw now what the next iteration draws from a generator (its base
         seed, then the index sampler's seed), as torch orders them, and keep
         it for that iteration: a state saved between epochs then holds the
-        next epoch's shuffle and batch seeds. Returns the base seed."""
+        next epoch's shuffle and batch seeds (resume mechanism 3, as
+        :meth:`_draw_pending` says). Returns the base seed."""
         if self._next_base_seed is None:
             self._next_base_seed = self._base_seed(view, self.epoch)
             pin = getattr(view.index_sampler, "pin_next_draw", None)
@@ -165,11 +166,24 @@ class ResumeTracker:
         if self._resume is not None:
             return copy.deepcopy(dict(self._resume.given))
         progress = self._progress
-        if progress is not None and not progress.finished:
-            if progress.count == 0 and progress.draw_first is not None:
-                progress.draw_first()  # the epoch's draw must be in the state
-            return self._inside_epoch(view, progress).to_dict()
+        inside = progress if progress is not None and not progress.finished else None
+        self._draw_pending(view, inside)
+        if inside is not None:
+            return self._inside_epoch(view, inside).to_dict()
         return self._between_epochs(view).to_dict()
+
+    def _draw_pending(self, view: LoaderView, progress: Optional[EpochProgress]) -> None:
+        """Resume mechanism 3 (docs/architecture.md, "Resume mechanisms"):
+        draw now what the pass the state names would draw later from a
+        generator the state does not hold (the global one), so that the
+        state holds the draw and a resumed run makes the same. Inside an
+        epoch before its first batch is delivered (``progress``): the
+        sampler's first batch (``iteration._FirstDrawAhead``). Between
+        epochs: the next epoch's base seed and sampler seed (:meth:`_pin_next_epoch`)."""
+        if progress is None:
+            self._pin_next_epoch(view)
+        elif progress.count == 0 and progress.draw_first is not None:
+            progress.draw_first()
 
     @staticmethod
     def _inside_epoch(view: LoaderView, progress: EpochProgress) -> LoaderState:
@@ -192,7 +206,7 @@ class ResumeTracker:
     def _between_epochs(self, view: LoaderView) -> LoaderState:
         dataset = view.dataset
         in_this_process = view.iterable and view.num_workers == 0 and is_stateful(dataset)
-        base_seed = self._pin_next_epoch(view)  # (before the sampler's state: it may pin a draw too)
+        base_seed = self._pin_next_epoch(view)  # (drawn by _draw_pending, before the sampler's state is taken)
         sampler = view.index_sampler
         return LoaderState(
             settings=settings(view),

@@ -37,7 +37,8 @@ def replay(batches: Iterator[Any], skip: int, fingerprint: str | None, what: str
     """``batches`` without their first ``skip``, which are drawn to put the
     sampler where it was. The first batch must be the saved run's (its
     ``fingerprint``): otherwise the sampler does not give the same order on
-    a new iteration, and resuming would yield other samples; that raises."""
+    a new iteration, and resuming would yield other samples; that raises.
+    Resume mechanism 2 (docs/architecture.md, "Resume mechanisms")."""
     for number, batch in enumerate(batches):
         if number == 0 and fingerprint is not None and batch_fingerprint(batch) != fingerprint:
             raise RuntimeError(

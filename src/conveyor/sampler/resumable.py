@@ -207,6 +207,10 @@ class _Resumable:
         return cursor, context
 
     def _iterate(self) -> Iterator[Any]:
+        """The iteration's items from the cursor's position on: resume
+        mechanism 1 (docs/architecture.md, "Resume mechanisms"), the
+        sampler jumps (draws its chunks again, hands out none before the
+        position, reads no sample)."""
         cursor, context = self._start()
         for chunk in _drop(self._chunks(context), cursor.position):
             yield from cursor.feed(chunk)

@@ -17,7 +17,7 @@ from ..loading.copies import Copies, CopyState
 
 class IterableProgress:
     """The workers' progress through an iterable dataset, as of the last
-    delivered batch."""
+    delivered batch (resume mechanism 4: docs/architecture.md)."""
 
     def __init__(self, num_workers: int, saved: Optional[Copies] = None):
         if saved is None:
