@@ -46,7 +46,7 @@ class EpochProgress:
     #: Fingerprint of the epoch's first batch of indices, to check a replay by.
     first_batch: Optional[str] = None
     #: Draws the iteration's first batch of indices now, if it was not yet
-    #: (set by the iterator; see loader._FirstDrawAhead).
+    #: (set by the iterator; see iteration._FirstDrawAhead).
     draw_first: Optional[Callable[[], None]] = None
     position: int = 0
     delivered_ahead: set[int] = field(default_factory=set)
