@@ -44,7 +44,7 @@ from ..loading.serving import WorkerConfig, WorkerFds
 from ..transport.messages import Batch, Fatal, Ready, Task
 from ..transport.tree import map_leaves
 from ...ray_options import RayWorkers
-from .protocol import EXITED, Broken
+from .protocol import EXITED, Broken, task_of_epoch
 from .ray_worker import LoadingActor, pickle_config
 
 #: The longest one wait on Ray blocks before the executor looks again (its
@@ -103,10 +103,7 @@ class RayHandle:
         return self.id, self.process_id
 
     def current(self, epoch_id: int) -> Optional[Task]:
-        for task in self.outstanding:
-            if task.epoch_id == epoch_id:
-                return task
-        return None
+        return task_of_epoch(self.outstanding, epoch_id)
 
     def where(self) -> str:
         if not self.node_id:
