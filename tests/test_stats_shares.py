@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import conveyor
-from conveyor._engine.executor.records import Timings, pack_delivery_times
-from conveyor._engine.transport.messages import pack_load_times
+from conveyor._engine.executor.records import DeliveryTimes, Timings
+from conveyor._engine.transport.messages import LoadTimes
 from conveyor.stats import StatsRecorder, live
 from conveyor.stats.machine import CoreUse
 from conveyor.stats.figures import Mark, fractions
@@ -199,8 +199,8 @@ _batch = st.tuples(
 
 
 def _delivered(started_at, fetch_s, collate_s, cpu_s, cpu_wait_s, worker):
-    loading = pack_load_times(4, started_at, fetch_s, collate_s, 0.0, cpu_s, cpu_wait_s)
-    delivery = pack_delivery_times(0.0, 0.0, 0.0, 0.0, started_at + fetch_s, math.nan, worker, 10**9 + worker, 0)
+    loading = LoadTimes(4, started_at, fetch_s, collate_s, 0.0, cpu_s, cpu_wait_s)
+    delivery = DeliveryTimes(0.0, 0.0, 0.0, 0.0, started_at + fetch_s, math.nan, worker, 10**9 + worker, 0)
     return SimpleNamespace(index=0, timings=Timings(loading, delivery))
 
 

@@ -2,7 +2,7 @@
 passes (workers busy), and how the measured batches' loading time split
 between a CPU, the wait for a free core, and waiting on something else.
 
-    StatsRecorder._add_pending ──LoadTimes rows (numpy)──▶ LoadingTotals.add(rows, floor)
+    StatsRecorder._add_pending ──LoadTimes columns (numpy)──▶ LoadingTotals.add(columns, floor)
                                                             ├─ busy_s: spans cut at the pass's start
                                                             ├─ cpu_*: figures cut to their batch's span
                                                             └─ spans of the latest batches, for intervals
@@ -16,6 +16,7 @@ encode seconds, on the loading thread. A span is cut at its pass's
 from __future__ import annotations
 
 from array import array
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -37,8 +38,9 @@ class LoadingTotals:
         #: Each batch's span after the cut: (from, to), perf_counter readings.
         self._spans = (array("d"), array("d"))
 
-    def add(self, loading: np.ndarray, floor: float) -> None:
-        """Add batches (LoadTimes rows) delivered in the pass that began at ``floor``."""
+    def add(self, loading: Mapping[str, np.ndarray], floor: float) -> None:
+        """Add batches delivered in the pass that began at ``floor`` (their
+        LoadTimes, one numpy column per field)."""
         load = loading["fetch_s"] + loading["collate_s"] + loading["encode_s"]
         started = loading["started_at"]
         span_from, span_to = np.maximum(started, floor), started + load

@@ -41,11 +41,18 @@ WINDOW = 1 << 16
 #: Rows are added to the columns this many at a time (one numpy conversion
 #: instead of a dozen Python-level appends per batch).
 BULK = 256
-#: The packed parts of Timings as numpy reads them, many at once.
-_LOADING = np.dtype([(name, "<i8" if name == "samples" else "<f8") for name in LoadTimes._fields])
-_DELIVERY = np.dtype(
-    [(name, "<i8" if name in ("worker_id", "worker_pid", "slots_in_use") else "<f8") for name in DeliveryTimes._fields]
-)
+#: The numpy type of each field of Timings' two parts, read as columns many rows at once.
+_LOADING = {name: np.int64 if name == "samples" else np.float64 for name in LoadTimes._fields}
+_DELIVERY = {
+    name: np.int64 if name in ("worker_id", "worker_pid", "slots_in_use") else np.float64
+    for name in DeliveryTimes._fields
+}
+
+
+def _columns(rows: list, types: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Named-tuple ``rows`` (all of one type, whose fields ``types`` lists
+    in order) as one numpy column per field."""
+    return {name: np.array(column, dtype=kind) for (name, kind), column in zip(types.items(), zip(*rows))}
 
 
 class Listener(Protocol):
@@ -77,7 +84,7 @@ class StatsRecorder:
         self._columns = tuple(array("d") for _ in STAGES)
         #: Batches not yet in the columns: their Timings' two parts, the
         #: loop's wait and compute (appended in this order).
-        self._pending: tuple[list[bytes], list[bytes], list[float], list[float]] = ([], [], [], [])
+        self._pending: tuple[list[LoadTimes], list[DeliveryTimes], list[float], list[float]] = ([], [], [], [])
         #: Totals of the values folded out of the columns, per stage.
         self._folded = [0.0] * len(STAGES)
         self._rows_folded = 0
@@ -207,8 +214,8 @@ class StatsRecorder:
         waits, computes = pending[2][:count], pending[3][:count]
         for part in pending:
             del part[:count]
-        loading = np.frombuffer(b"".join(loading_rows), dtype=_LOADING)
-        delivery = np.frombuffer(b"".join(delivery_rows), dtype=_DELIVERY)
+        loading = _columns(loading_rows, _LOADING)
+        delivery = _columns(delivery_rows, _DELIVERY)
         self.samples += int(loading["samples"].sum())
         self._loading.add(loading, self._floor)
         self._worker_pids.update(np.unique(delivery["worker_pid"]).tolist())

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import enum
 import math
-import struct
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Protocol
 
 from ..loading.copies import Copies
-from ..transport.messages import LoadTimes, Task, pack_load_times, unpack_load_times
+from ..transport.messages import LoadTimes, Task
 
 
 class Lifecycle(enum.Enum):
@@ -93,35 +92,28 @@ class DeliveryTimes(NamedTuple):
     slots_in_use: int = 0
 
 
-#: Packing and unpacking DeliveryTimes (Timings.delivery), as transport/messages.py does LoadTimes.
-_PACKED_DELIVERY = struct.Struct("<6d3q")
-pack_delivery_times = _PACKED_DELIVERY.pack
-unpack_delivery_times = _PACKED_DELIVERY.unpack
-
-
 class Timings(NamedTuple):
-    """Where one batch's time went, in seconds, as two packed parts: the
-    loading thread's (``loading``: a packed LoadTimes, from its worker) and
-    the main process's (``delivery``: a packed DeliveryTimes). One is made
-    and recorded per batch, so it is kept as bytes, which cost next to
-    nothing to keep and add up in bulk (stats/recorder.py reads many at
-    once with numpy); :meth:`fields` unpacks them all, by name. The
-    executor makes it as the batch arrives (:meth:`on_arrival`) and
-    completes it as the batch is delivered (:meth:`on_delivery`).
+    """Where one batch's time went, in seconds, in two parts: the loading
+    thread's (``loading``, as its worker measured it) and the main
+    process's (``delivery``). Both are plain named tuples: the LoadTimes
+    were packed only to cross a pipe (``Batch.__reduce__``), and the stats
+    recorder reads many at once into numpy columns (stats/recorder.py);
+    :meth:`fields` gives them all by name. The executor makes it as the
+    batch arrives (:meth:`on_arrival`) and completes it as the batch is
+    delivered (:meth:`on_delivery`).
 
     Times are ``time.perf_counter()`` readings, a clock every process of
     the machine shares on Linux, so a worker's spans line up with the main
     process's on one timeline."""
 
-    loading: bytes
-    delivery: bytes
+    loading: LoadTimes
+    delivery: DeliveryTimes
 
     @classmethod
     def make(cls, **fields: Any) -> "Timings":
         """From fields by name (those of LoadTimes and DeliveryTimes; the rest 0)."""
         loading = LoadTimes(**{name: fields.pop(name, 0) for name in LoadTimes._fields})
-        delivery = DeliveryTimes(**fields)
-        return cls(pack_load_times(*loading), pack_delivery_times(*delivery))
+        return cls(loading, DeliveryTimes(**fields))
 
     @classmethod
     def on_arrival(
@@ -129,15 +121,14 @@ class Timings(NamedTuple):
     ) -> "Timings":
         """A batch's timings as the main process has it in hand (``worker_ids``:
         WorkerView.timing_ids); what only its delivery knows is 0 until :meth:`on_delivery`."""
-        delivery = pack_delivery_times(sampler_s, decode_s, 0.0, 0.0, arrived_at, math.nan, *worker_ids, 0)
-        return cls(pack_load_times(*loading), delivery)
+        return cls(loading, DeliveryTimes(sampler_s, decode_s, 0.0, 0.0, arrived_at, math.nan, *worker_ids, 0))
 
     def on_delivery(self, workers_ready_s: Optional[float], slots_in_use: int) -> "Timings":
         """Completed as the batch is delivered: how long it waited since it
         arrived, ``workers_ready_s`` (the first batch after the workers
         started; None on the others) and the slots lent out now."""
-        main = DeliveryTimes._make(unpack_delivery_times(self.delivery))
-        delivery = pack_delivery_times(
+        main = self.delivery
+        delivery = DeliveryTimes(
             main.sampler_s, main.decode_s, perf_counter() - main.arrived_at, main.pin_s, main.arrived_at,
             math.nan if workers_ready_s is None else workers_ready_s, main.worker_id, main.worker_pid, slots_in_use,
         )  # fmt: skip
@@ -145,14 +136,10 @@ class Timings(NamedTuple):
 
     def fields(self) -> dict:
         """Every field by name."""
-        return {
-            **LoadTimes(*unpack_load_times(self.loading))._asdict(),
-            **DeliveryTimes(*unpack_delivery_times(self.delivery))._asdict(),
-        }
+        return {**self.loading._asdict(), **self.delivery._asdict()}
 
     def with_pin(self, pin_s: float) -> "Timings":
-        values = DeliveryTimes(*unpack_delivery_times(self.delivery))._replace(pin_s=pin_s)
-        return self._replace(delivery=pack_delivery_times(*values))
+        return Timings(self.loading, self.delivery._replace(pin_s=pin_s))
 
 
 class Delivered(NamedTuple):
