@@ -6,7 +6,8 @@ local Ray instance (started once for the module, nothing of it left after).
                   (random, numpy.random, torch.rand) in __getitem__
     state_dict after k batches ──▶ a fresh loader yields the rest, the same
     a user's exception ──▶ its type, its traceback, the batch's indices
-    a worker's process killed mid-epoch ──▶ WorkerDiedError naming the worker,
+    an iterable dataset ──▶ the items worker processes yield, in their order
+    a worker's process killed, or its actor (ray.kill), mid-epoch ──▶ WorkerDiedError naming the worker,
                   its node and the batch in hand (never a hang); with
                   RayWorkers(restart_lost=1) the epoch completes, the same
     mistakes ──▶ ValueError/TypeError at construction, naming the fix
@@ -139,6 +140,24 @@ def test_a_killed_worker_is_reported_with_its_node_and_batch(tmp_path):
     assert re.search(r"worker 0 .* loading batch (0 \(sample indices \[0, 1, 2, 3\]|2 \(sample indices \[8, 9, 10, 11\])", text), text
     with pytest.raises(WorkerDiedError, match="was lost"):  # (the same error, at once)
         next(it)
+
+
+def test_an_actor_killed_with_ray_kill_mid_epoch_is_reported_never_a_hang(local_ray):
+    loader = DataLoader(Augmented(), batch_size=2, num_workers=2, worker_method="ray", persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    victim = loader._executor._pool.workers[1]  # (the loader's own workers, kept: persistent_workers)
+    local_ray.kill(victim.actor, no_restart=True)
+    with pytest.raises(WorkerDiedError, match=r"worker 1 \(Ray actor, pid \d+ on node .*was lost"):
+        for _ in it:
+            pass
+
+
+def test_an_iterable_dataset_yields_what_worker_processes_yield():
+    stream = conveyor.ShardedIterable(list(range(30)))
+    kwargs = dict(batch_size=4, num_workers=2, seed=9)
+    expected = [batch.tolist() for batch in DataLoader(stream, **kwargs)]
+    assert [batch.tolist() for batch in DataLoader(stream, worker_method="ray", **kwargs)] == expected
 
 
 def test_with_restart_lost_the_epoch_completes_with_the_same_batches(tmp_path):
