@@ -10,11 +10,13 @@ local Ray instance (started once for the module, nothing of it left after).
     a worker's process killed, or its actor (ray.kill), mid-epoch ──▶ WorkerDiedError naming the worker,
                   its node and the batch in hand (never a hang); with
                   RayWorkers(restart_lost=1) the epoch completes, the same
+    timeout, stats, trace ──▶ as with processes
     mistakes ──▶ ValueError/TypeError at construction, naming the fix
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -76,6 +78,20 @@ class KilledOnce(Augmented):
             open(self.marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
         return super().__getitem__(i)
+
+
+class Stuck(conveyor.Dataset):
+    """Sample ``i`` is ``i``; sample 5 takes two minutes."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> int:
+        if i == 5:
+            import time
+
+            time.sleep(120)
+        return i
 
 
 def rows(loader) -> list[tuple]:
@@ -158,6 +174,29 @@ def test_an_iterable_dataset_yields_what_worker_processes_yield():
     kwargs = dict(batch_size=4, num_workers=2, seed=9)
     expected = [batch.tolist() for batch in DataLoader(stream, **kwargs)]
     assert [batch.tolist() for batch in DataLoader(stream, worker_method="ray", **kwargs)] == expected
+
+
+def test_timeout_makes_a_late_batch_an_error_naming_it():
+    loader = DataLoader(Stuck(), batch_size=2, num_workers=1, worker_method="ray", timeout=20)
+    it = iter(loader)
+    assert [next(it).tolist() for _ in range(2)] == [[0, 1], [2, 3]]
+    with pytest.raises(RuntimeError, match=r"timed out after 20 seconds") as late:
+        next(it)
+    assert "batch 2" in str(late.value) and "[4, 5]" in str(late.value)
+
+
+def test_stats_and_trace_count_the_ray_workers_batches(tmp_path):
+    loader = DataLoader(Augmented(), batch_size=4, num_workers=2, worker_method="ray")
+    with loader.trace(tmp_path / "trace.json"):
+        assert len(rows(loader)) == 6
+    stats = loader.stats()
+    assert stats.batches == 6 and stats.samples == 24 and stats.num_workers == 2
+    assert 0.0 <= stats.workers_busy_fraction <= 1.0 and 0.0 <= stats.data_wait_fraction <= 1.0
+    stats.text()  # (the table and verdict render)
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    lanes = {event["args"]["name"].split(" (")[0] for event in trace["traceEvents"] if event.get("name") == "process_name"}
+    assert {"worker 0", "worker 1"} <= lanes
+    assert sum(event.get("name") == "fetch" for event in trace["traceEvents"]) == 6
 
 
 def test_with_restart_lost_the_epoch_completes_with_the_same_batches(tmp_path):

@@ -29,6 +29,7 @@ actors: the core never needs Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -91,6 +92,8 @@ class RayHandle:
     process_id: int = 0
     node_id: str = ""
     node_address: str = ""
+    #: On the training process's node: its pid and clock are this machine's.
+    on_this_node: bool = True
     #: How it was lost, in Ray's words ("" while it runs).
     lost: str = ""
 
@@ -100,7 +103,10 @@ class RayHandle:
 
     @property
     def timing_ids(self) -> tuple[int, int]:
-        return self.id, self.process_id
+        """(worker id, pid); a worker on another node has no pid here: -(1 +
+        id), which the stats skip when they read this machine's processes
+        and the trace shows as a lane of its own."""
+        return self.id, self.process_id if self.on_this_node else -(1 + self.id)
 
     def current(self, epoch_id: int) -> Optional[Task]:
         return task_of_epoch(self.outstanding, epoch_id)
@@ -132,6 +138,7 @@ class RayActorWorkers:
         self._payloads: dict[int, bytes] = {}
         self._restarts_left = self.options.restart_lost
         self._restartable = False
+        self._here = ""
 
     # --------------------------------------------------------------- start
     def start(self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int) -> None:
@@ -144,6 +151,7 @@ class RayActorWorkers:
         if not ray.is_initialized():
             ray.init()
         self._actor_class = ray.remote(LoadingActor)
+        self._here = ray.get_runtime_context().get_node_id()
         try:
             for wid in range(num_workers):
                 handle = RayHandle(wid)
@@ -228,6 +236,7 @@ class RayActorWorkers:
             except Exception as exc:
                 raise Broken(worker, None, "could not read the start of", exc) from None
             worker.process_id, worker.node_id, worker.node_address = pid, node_id, address
+            worker.on_this_node = node_id == self._here
             worker.ready = isinstance(message, Ready)
             arrived.append((worker, message))
             if isinstance(message, Fatal):
@@ -243,6 +252,8 @@ class RayActorWorkers:
             except Exception as exc:
                 raise Broken(worker, task.batch_index, "could not read the result of", exc) from None
             worker.calls.popleft()
+            if not worker.on_this_node and isinstance(message, Batch) and message.times is not None:
+                message = _on_this_clock(message)
             arrived.append((worker, message))
             if isinstance(message, Fatal):
                 self._end(worker, arrived)
@@ -348,6 +359,15 @@ def _refs_in_hand(worker: RayHandle) -> list:
     if worker.setting_up is not None:
         refs.append(worker.setting_up)
     return refs
+
+
+def _on_this_clock(message: Batch) -> Batch:
+    """A batch from another node, its start on this machine's clock (another
+    machine's perf_counter means nothing here): as if it ended as it arrived."""
+    times = message.times
+    assert times is not None
+    started_at = time.perf_counter() - (times.fetch_s + times.collate_s + times.encode_s)
+    return dataclasses.replace(message, times=times._replace(started_at=started_at))
 
 
 def _writable(leaf: Any) -> Any:
