@@ -96,6 +96,8 @@ class RayHandle:
     on_this_node: bool = True
     #: How it was lost, in Ray's words ("" while it runs).
     lost: str = ""
+    #: Started again in place of a lost actor (its Ready is not news to the executor).
+    restarted: bool = False
 
     @property
     def pid(self) -> int:
@@ -238,7 +240,8 @@ class RayActorWorkers:
             worker.process_id, worker.node_id, worker.node_address = pid, node_id, address
             worker.on_this_node = node_id == self._here
             worker.ready = isinstance(message, Ready)
-            arrived.append((worker, message))
+            if not (worker.ready and worker.restarted):  # (a restart's Ready would count as a new start-up)
+                arrived.append((worker, message))
             if isinstance(message, Fatal):
                 self._end(worker, arrived)
                 return
@@ -270,6 +273,7 @@ class RayActorWorkers:
             worker.calls.clear()
             _kill(self._ray, worker.actor)
             worker.process_id, worker.node_id, worker.node_address = 0, "", ""
+            worker.restarted = True
             self._start_actor(worker)
             self.send(worker, tasks)
             return
