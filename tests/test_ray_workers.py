@@ -6,6 +6,7 @@ local Ray instance (started once for the module, nothing of it left after).
                   (random, numpy.random, torch.rand) in __getitem__
     state_dict after k batches ──▶ a fresh loader yields the rest, the same
     a user's exception ──▶ its type, its traceback, the batch's indices
+    a batch that does not pickle ──▶ its TypeError, as from a process
     an iterable dataset ──▶ the items worker processes yield, in their order
     a worker's process killed, or its actor (ray.kill), mid-epoch ──▶ WorkerDiedError naming the worker,
                   its node and the batch in hand (never a hang); with
@@ -114,6 +115,14 @@ def test_ray_batches_are_bitwise_those_of_worker_processes(num_workers):
     assert len(got) == 6
 
 
+def test_persistent_actors_give_every_epoch_the_batches_of_worker_processes():
+    kwargs = dict(batch_size=4, shuffle=True, seed=2, num_workers=2, persistent_workers=True)
+    processes = DataLoader(Augmented(), **{**kwargs, "worker_method": "multiprocessing"})
+    actors = DataLoader(Augmented(), worker_method="ray", **kwargs)
+    for _ in range(2):  # (a new epoch: a new shuffle and new seeds, the same actors)
+        assert rows(actors) == rows(processes)
+
+
 def test_a_state_saved_mid_epoch_resumes_with_the_same_batches():
     kwargs = dict(batch_size=3, shuffle=True, seed=5, num_workers=2, worker_method="ray")
     expected = reference(Augmented(), **kwargs)
@@ -139,6 +148,22 @@ def test_a_users_exception_arrives_with_its_type_traceback_and_indices():
     assert "batch 1" in text and "5" in text and "worker" in text
     assert "__getitem__" in text  # (the worker's traceback)
     assert next(it)["index"].tolist() == [8, 9, 10, 11]  # (the pass goes on, as in torch)
+
+
+def test_a_batch_that_does_not_pickle_fails_alone_as_from_a_process():
+    import threading
+
+    def collate(samples):
+        return {"x": samples, "lock": threading.Lock()}
+
+    got = []
+    for method in ("multiprocessing", "ray"):
+        it = iter(DataLoader(list(range(8)), batch_size=4, num_workers=1, collate_fn=collate, worker_method=method))
+        for _ in range(2):  # (each batch fails alone; the pass goes on)
+            with pytest.raises(TypeError, match="while sending its result to the main process") as failed:
+                next(it)
+            got.append(str(failed.value).split("(conveyor: ")[1].split(",", 1)[1].split(")")[0])
+    assert got[:2] == got[2:]  # (the same batches and indices named)
 
 
 def test_a_killed_worker_is_reported_with_its_node_and_batch(tmp_path):

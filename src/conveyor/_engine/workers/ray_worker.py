@@ -5,7 +5,8 @@ does and loads each task with ``Serving.load`` at ``Place.PROCESS``.
     main ──set_up(worker id, sys.path, cloudpickled config)──▶ LoadingActor ──▶ Ready | Fatal, (pid, node)
     main ──load(task)──▶ LoadingActor ──▶ Batch (arrays of its own) | TaskFailed | Exhausted | Fatal
 
-Its answers are returned through Ray's object store.
+Its answers are returned through Ray's object store; one that does not
+pickle fails its batch (TaskFailed), as in a worker process.
 """
 
 from __future__ import annotations
@@ -50,14 +51,32 @@ class LoadingActor:
     def load(self, task: Task) -> Any:
         """The task's answer (Batch, TaskFailed, Exhausted), or the Fatal of
         user code that ended the worker (which then loads nothing more)."""
-        if self._serving is None:
+        serving = self._serving
+        if serving is None:
             raise RuntimeError("this conveyor worker has ended")
         try:
-            return self._serving.load(task)
+            message = serving.load(task)
         except Ending as ending:
             self._serving = None
             return ending.fatal
+        try:  # (as a worker process: an answer that does not pickle fails its batch, and the pass goes on)
+            _check_pickles(message)
+        except Exception:
+            return serving._failed(task, "while sending its result to the main process")  # (Serving's own failure record)
+        return message
 
+
+def _check_pickles(message: Any) -> None:
+    """Raise what Ray's pickling of ``message`` would raise after the call
+    returned. The arrays are left out of band, not copied: it costs a walk
+    of the batch's structure, not of its bytes."""
+    from ray import cloudpickle
+
+    cloudpickle.dumps(message, protocol=5, buffer_callback=_out_of_band)  # type: ignore[no-untyped-call]  # (Ray's, unannotated)
+
+
+def _out_of_band(buffer: Any) -> bool:
+    return False
 
 
 def pickle_config(config: WorkerConfig) -> bytes:
