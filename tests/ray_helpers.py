@@ -35,7 +35,8 @@ def local_ray():
     """``ray`` connected to a fresh local instance; shut down afterwards,
     and every Ray process gone within 30 s (asserted)."""
     ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    auth_mode = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # (a local instance for tests: no tokens)
     if ray.is_initialized():
         ray.shutdown()
     ray.init(num_cpus=CPUS, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -44,6 +45,10 @@ def local_ray():
         yield ray
     finally:
         ray.shutdown()
+        if auth_mode is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = auth_mode
         deadline = time.monotonic() + 30.0
         left = ray_processes()
         while left and time.monotonic() < deadline:
