@@ -214,9 +214,12 @@ class RayActorWorkers:
             if slice_s > 0:
                 time.sleep(min(slice_s, 0.05))
             return arrived
-        ready, _ = ray.wait(refs, num_returns=1, timeout=slice_s)
-        if ready:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        try:
+            ready, _ = ray.wait(refs, num_returns=1, timeout=slice_s)
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        except Exception as exc:  # (Ray itself gone, say: the one failure path, naming a worker)
+            raise Broken(self.workers[0], None, "could not wait for the result of", exc) from None
         done = set(ready)
         for worker in list(self.workers):
             if not worker.exited:
