@@ -29,17 +29,7 @@ import time
 import numpy as np
 
 import conveyor
-
-
-class Small(conveyor.Dataset):
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
+from workloads import Ints  # (bench/workloads.py; this script's folder is first on sys.path, and the actors get it)
 
 
 class Big(conveyor.Dataset):
@@ -83,7 +73,7 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=max(4, args.workers), include_dashboard=False, log_to_driver=False, configure_logging=False)
     workloads = {
-        "small": (Small(32 * args.small_batches), 32, "32 int64 scalars"),
+        "small": (Ints(32 * args.small_batches), 32, "32 int64 scalars"),
         "big": (Big(8 * args.big_batches), 8, "8 x 1 MiB float32"),
     }
     methods = ("multiprocessing", "ray")
