@@ -970,3 +970,39 @@ def test_what_a_spawn_worker_prints_while_starting_still_reaches_stderr(tmp_path
     done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "4" and "hello from the start" in done.stderr, done.stderr
+
+
+TAKEN_OVER_SIGSEGV = """
+import ctypes, faulthandler, resource, signal, sys
+import numpy as np
+import conveyor
+
+class Crashing:
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        ctypes.string_at(0)
+
+if __name__ == "__main__":
+    faulthandler.enable()  # (as pytest does in its process)
+    signal.signal(signal.SIGSEGV, signal.SIG_DFL)  # then a library takes SIGSEGV over (Ray's driver does)
+    loader = conveyor.DataLoader(Crashing(), batch_size=2, num_workers=1, multiprocessing_context="fork")
+    try:
+        next(iter(loader))
+    except RuntimeError as error:
+        print(error)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_crash_stack_is_reported_when_the_parent_had_faulthandler_and_lost_sigsegv(tmp_path):
+    """A forked worker inherits faulthandler as enabled, and a SIGSEGV
+    handler that another library installed after it; the worker installs
+    faulthandler's handlers anew, so its crash still names where it was."""
+    script = tmp_path / "taken_over.py"
+    script.write_text(TAKEN_OVER_SIGSEGV)
+    done = subprocess.run([sys.executable, str(script)], env=script_env(), capture_output=True, text=True, timeout=100)
+    assert "killed by signal: Segmentation fault" in done.stdout, done.stdout + done.stderr
+    assert "Its Python stack when it crashed:" in done.stdout and "in __getitem__" in done.stdout, done.stdout

@@ -60,6 +60,12 @@ def install(fd: Optional[int]) -> None:
     """In a worker: write stacks into ``fd`` on a crash and on request."""
     if fd is None:
         return
+    # A forked worker inherits faulthandler as "enabled" (pytest, or the user,
+    # enabled it in the parent), and enable() then changes only the file, not
+    # the signal handlers: a library that took over SIGSEGV in the parent
+    # afterwards (Ray's driver does) would keep it and the crash would go
+    # unreported. Disabling first installs faulthandler's handlers anew.
+    faulthandler.disable()
     faulthandler.enable(file=fd, all_threads=True)
     signum = stack_signal()
     if signum is not None and hasattr(faulthandler, "register"):  # (not on Windows)
