@@ -17,6 +17,10 @@ with a new ``STATE_VERSION``), run this module as a script with the code
 that should write it on ``PYTHONPATH``::
 
     PYTHONPATH=src python tests/test_saved_states.py --write COMMIT
+
+``data/saved_states_8361879.json`` holds the same cases as conveyor at
+8361879 wrote them, in version 2's first layout, which ``state_upgrade.py``
+brings to today's: they resume to the same batches.
 """
 
 import hashlib
@@ -31,10 +35,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import conveyor  # noqa: E402
 from resume_helpers import NAMES, make, plain  # noqa: E402
+from conveyor.state_upgrade import is_early_v2, upgrade  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "saved_states.json")
+#: The same cases written by conveyor at 8361879, in version 2's first layout
+#: (an iterable's copies in ``worker_progress`` and ``iterator_*``: state_upgrade.py).
+EARLY_FIXTURE = os.path.join(os.path.dirname(__file__), "data", "saved_states_8361879.json")
 
 
 # The datasets below are this file's own, not shared with the resume tests:
@@ -134,7 +142,7 @@ def save(case):
     return loader, json.loads(json.dumps(loader.state_dict())), it
 
 
-def write(commit):
+def write(commit, path=FIXTURE):
     """Saves each case's state where it says and digests what follows (with the code on the path)."""
     cases = {}
     for key, case in CASES.items():
@@ -143,14 +151,14 @@ def write(commit):
         loader.set_epoch(case["epoch"] + 1)
         after_next = [digest(b) for b in loader]
         cases[key] = {**case, "state": state, "rest_of_epoch": after, "next_epoch": after_next}
-    os.makedirs(os.path.dirname(FIXTURE), exist_ok=True)
-    with open(FIXTURE, "w") as f:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
         json.dump({"written_by": f"conveyor at commit {commit}", "cases": cases}, f, indent=1, sort_keys=True)
         f.write("\n")
 
 
-def load_fixture():
-    with open(FIXTURE) as f:
+def load_fixture(path=FIXTURE):
+    with open(path) as f:
         return json.load(f)
 
 
@@ -186,6 +194,52 @@ def test_an_edited_old_state_is_refused():
     assert edited["position"] == saved["position"] == 2
     edited["position"] = 3
     with pytest.raises(ValueError, match="load_state_dict"):
+        build(saved, other=True).load_state_dict(edited)
+
+
+def test_the_early_fixture_covers_every_case_and_holds_the_same_runs():
+    early, current = load_fixture(EARLY_FIXTURE)["cases"], load_fixture()["cases"]
+    assert sorted(early) == sorted(CASES)
+    for key in CASES:  # (both commits delivered the same batches after each save)
+        assert early[key]["rest_of_epoch"] == current[key]["rest_of_epoch"], key
+        assert early[key]["next_epoch"] == current[key]["next_epoch"], key
+        assert is_early_v2(early[key]["state"]) and not is_early_v2(current[key]["state"]), key
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_an_early_layout_state_resumes_exactly(key):
+    saved = load_fixture(EARLY_FIXTURE)["cases"][key]
+    loader = build(saved, other=True)
+    loader.load_state_dict(saved["state"])
+    loader.set_epoch(saved["epoch"])
+    assert [digest(b) for b in loader] == saved["rest_of_epoch"]
+    loader.set_epoch(saved["epoch"] + 1)
+    assert [digest(b) for b in loader] == saved["next_epoch"]
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_an_early_layout_state_upgrades_to_what_this_code_saves(key):
+    """Upgraded, the early state is the later one key for key (the index
+    sampler's own state aside where its layout grew: DistributedSampler's
+    ``num_samples``), and a loader given it saves it in today's layout."""
+    early, current = load_fixture(EARLY_FIXTURE)["cases"][key], load_fixture()["cases"][key]
+    upgraded = upgrade(early["state"])
+    same = [name for name in current["state"] if name not in ("sampler", "checksum")]
+    assert {name: upgraded[name] for name in same} == {name: current["state"][name] for name in same}
+    assert set(upgraded) == set(current["state"])
+    if "distributed" not in key:
+        assert upgraded == current["state"]
+    loader = build(early, other=True)
+    loader.load_state_dict(early["state"])
+    assert not is_early_v2(loader.state_dict())
+
+
+def test_an_edited_early_layout_state_is_refused():
+    saved = load_fixture(EARLY_FIXTURE)["cases"]["stream-0-workers"]
+    edited = json.loads(json.dumps(saved["state"]))
+    edited["iterator_served"] += 1
+    with pytest.raises(ValueError, match="load_state_dict: the state was changed after it was saved"):
         build(saved, other=True).load_state_dict(edited)
 
 

@@ -48,6 +48,7 @@ from .sampler.resumable import _has_position
 from .state_apply import apply_parts, generator_state, positioned, undone_on_failure, warn_fast_forward
 from .state_format import STATE_VERSION, LoaderView, settings
 from .state_records import Copies, LoaderState, ReplayPoint
+from .state_upgrade import upgrade
 
 from .stateful import Stateful, is_stateful
 
@@ -248,6 +249,7 @@ class ResumeTracker:
         if one of them refuses it, so a failed load leaves the loader as it was."""
         if isinstance(state, Mapping) and len(state) == 0:
             return  # torchdata's StatefulDataLoader takes {} as "nothing to load"
+        state = upgrade(state)  # (a state an earlier conveyor wrote in another layout)
         loaded = LoaderState.from_dict(state, view)
         epoch, in_epoch, position, ahead = loaded.epoch, loaded.in_epoch, loaded.position, loaded.delivered_ahead
         jumps = _has_position(loaded.sampler)

@@ -39,6 +39,7 @@ from .rng import derive_seed, is_torch_generator, source_for
 #: Version of the loader state layout; a state of another version is refused.
 #: 2: the copies of an iterable dataset (workers, or the one in-process) are
 #: saved alike, and one without state resumes by fast-forward in its process.
+#: (Version 2's first layout, before ``copies``, is upgraded: state_upgrade.py.)
 STATE_VERSION = 2
 KIND = "DataLoader"
 LOADER_FIX = (
