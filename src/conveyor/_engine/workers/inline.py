@@ -34,7 +34,7 @@ from ..loading.copies import CopyState
 from ..loading.fetch import make_fetcher
 from ..transport.messages import Batch, Task
 from ..loading.serving import Serving, WorkerConfig, WorkerFds
-from .protocol import task_of_epoch
+from .protocol import NoSlots, task_of_epoch
 from .stacks import thread_stack
 
 
@@ -68,7 +68,7 @@ class InlineHandle:
         return thread_stack(self.thread)
 
 
-class InlineWorkers:
+class InlineWorkers(NoSlots):
     """One worker that loads in the caller's thread (a workers.Workers)."""
 
     #: A forked child of the user's process may go on with an inline iterator.
@@ -119,15 +119,6 @@ class InlineWorkers:
 
     def exit_error(self, worker: InlineHandle, what: Optional[str], starting: bool = False) -> BaseException:
         return RuntimeError("conveyor: the inline worker cannot end on its own")  # (never asked: it does not exit)
-
-    def lend_slot(self) -> Optional[int]:
-        return None
-
-    def give_back(self, slot: Optional[int]) -> None:
-        pass
-
-    def slots_in_use(self) -> int:
-        return 0
 
     def stop(self) -> None:
         """Let go of the fetcher's reading threads; safe to call twice."""

@@ -52,6 +52,20 @@ def task_of_epoch(outstanding: Iterable[Task], epoch_id: int) -> Optional[Task]:
     return None
 
 
+class NoSlots:
+    """The slots of Workers whose batches need none (inline, threads, Ray
+    actors: a batch is handed over as its own arrays): none to lend."""
+
+    def lend_slot(self) -> Optional[int]:
+        return None
+
+    def give_back(self, slot: Optional[int]) -> None:
+        pass
+
+    def slots_in_use(self) -> int:
+        return 0
+
+
 class WorkerView(Protocol):
     """The executor's view of one worker (pool.WorkerHandle, threads.ThreadHandle, inline.InlineHandle)."""
 

@@ -45,7 +45,7 @@ from ..loading.serving import WorkerConfig, WorkerFds
 from ..transport.messages import Batch, Fatal, Ready, Task
 from ..transport.tree import map_leaves
 from ...ray_options import RayWorkers
-from .protocol import EXITED, Broken, task_of_epoch
+from .protocol import EXITED, Broken, NoSlots, task_of_epoch
 from .ray_worker import LoadingActor, pickle_config
 
 #: The longest one wait on Ray blocks before the executor looks again (its
@@ -125,7 +125,7 @@ class RayHandle:
         return ""
 
 
-class RayActorWorkers:
+class RayActorWorkers(NoSlots):
     """The Ray actors of one executor (a workers.Workers)."""
 
     #: A forked child of the user's process is no Ray driver of these actors.
@@ -322,16 +322,6 @@ class RayActorWorkers:
         if worker.lost:
             text += f"\nRay: {worker.lost}"
         return WorkerDiedError(text)
-
-    # --------------------------------------------------------------- slots
-    def lend_slot(self) -> Optional[int]:
-        return None
-
-    def give_back(self, slot: Optional[int]) -> None:
-        pass
-
-    def slots_in_use(self) -> int:
-        return 0
 
     # ---------------------------------------------------------------- stop
     def stop(self) -> None:

@@ -42,7 +42,7 @@ from .pool import STOP_GRACE_S
 from ..torch_hook import when_torch_loads
 from ..loading.serving import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
 from ...rng import thread_sample_random
-from .protocol import EXITED, task_of_epoch
+from .protocol import EXITED, NoSlots, task_of_epoch
 from .stacks import thread_stack
 
 
@@ -83,7 +83,7 @@ class ThreadHandle:
         return thread_stack(self.thread.ident if self.thread is not None else None)
 
 
-class ThreadWorkers:
+class ThreadWorkers(NoSlots):
     """The worker threads of one executor (a workers.Workers)."""
 
     #: A forked child of the user's process finds no thread of this pool there.
@@ -153,15 +153,6 @@ class ThreadWorkers:
         if worker.crash:
             text += f"\n{worker.crash}"
         return WorkerDiedError(text)
-
-    def lend_slot(self) -> Optional[int]:
-        return None
-
-    def give_back(self, slot: Optional[int]) -> None:
-        pass
-
-    def slots_in_use(self) -> int:
-        return 0
 
     def stop(self) -> None:
         """Tell every thread to stop and wait for them, up to ``STOP_GRACE_S``
