@@ -215,7 +215,7 @@ def test_stats_and_trace_count_the_ray_workers_batches(tmp_path):
     with loader.trace(tmp_path / "trace.json"):
         assert len(rows(loader)) == 6
     stats = loader.stats()
-    assert stats.batches == 6 and stats.samples == 24 and stats.num_workers == 2
+    assert stats.batches == 6 and stats.samples == 24 and stats.num_workers == 2 and stats.worker_method == "ray"
     assert 0.0 <= stats.workers_busy_fraction <= 1.0 and 0.0 <= stats.data_wait_fraction <= 1.0
     stats.text()  # (the table and verdict render)
     trace = json.loads((tmp_path / "trace.json").read_text())

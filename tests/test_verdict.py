@@ -160,3 +160,32 @@ def test_more_workers_are_advised_with_a_caution_when_other_processes_use_the_co
 def test_this_job_with_a_worker_per_core_is_told_to_use_fewer():
     advice = _stats(num_workers=2, job=0.95, others=0.05).verdict(cores=2).advice
     assert "num_workers=1" in advice
+
+
+# ----------------------------------------------------------------- Ray workers
+
+
+def test_saturated_ray_workers_are_told_to_add_cpu_nodes_not_local_cores():
+    """Ray workers run on the cluster's nodes: busy ones call for CPU nodes,
+    whatever this machine's core count (here 64, with 2 workers)."""
+    stats = dataclasses.replace(_stats(num_workers=2, busy=0.97, cpu=0.9, cpu_wait=0.05), worker_method="ray")
+    advice = str(stats.verdict(cores=64))
+    assert "add CPU nodes" in advice and "Ray workers are busy 97%" in advice, advice
+    assert "num_workers=64" not in advice and "this machine has" not in advice, advice
+    local = str(dataclasses.replace(stats, worker_method="fork").verdict(cores=64))
+    assert "num_workers=64" in local and "CPU nodes" not in local, local
+
+
+def test_ray_workers_short_of_cores_on_their_nodes_are_told_so():
+    stats = dataclasses.replace(_stats(num_workers=4, busy=0.9, cpu=0.4, cpu_wait=0.5), worker_method="ray")
+    advice = str(stats.verdict(cores=2))
+    assert "wait for a free core on their nodes 50%" in advice and "num_cpus=1" in advice, advice
+    assert "other processes on this machine" not in advice, advice
+
+
+def test_the_stats_say_where_the_workers_ran():
+    loader = conveyor.DataLoader(list(range(8)), batch_size=2, num_workers=0)
+    for _ in loader:
+        pass
+    assert loader.stats().worker_method == "inline"
+    assert loader.stats().to_dict()["worker_method"] == "inline"

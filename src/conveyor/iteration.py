@@ -86,7 +86,7 @@ class LoaderIterator:
         budget = delivering.skip_budget
         self._skips = SkipLedger(budget, delivering.epoch_samples, progress.skipped) if budget is not None else None
         if self._stats is not None:
-            self._pass_id = self._stats.begin_pass(started_at, _length(plan), num_workers)
+            self._pass_id = self._stats.begin_pass(started_at, _length(plan), num_workers, plan.running.method)
         self._finalizer = weakref.finalize(
             self, _close_iteration, self._pin_thread, executor if owned else None, progress, self._stats, self._pass_id
         )

@@ -201,6 +201,9 @@ class LoaderFigures:
     cores_job_fraction: Optional[float] = None
     cores_others_fraction: Optional[float] = None
     cores_idle_fraction: Optional[float] = None
+    #: Where the workers ran: "inline" (num_workers=0), "thread", "ray" (Ray
+    #: actors, perhaps on other machines), or the process start method ("" unknown).
+    worker_method: str = ""
     interval: Optional["LoaderFigures"] = None
     _mark: Optional[Mark] = field(default=None, repr=False, compare=False)
 
@@ -236,6 +239,7 @@ class LoaderFigures:
             "cores_others_fraction": self.cores_others_fraction,
             "cores_idle_fraction": self.cores_idle_fraction,
             "num_workers": self.num_workers,
+            "worker_method": self.worker_method,
             "slots_in_use": self.slots_in_use,
             "passes": self.passes,
             "stages": {name: stage.to_dict() for name, stage in self.stages.items()},

@@ -73,6 +73,7 @@ class StatsRecorder:
 
     def __init__(self, num_workers: int):
         self.num_workers = num_workers
+        self.worker_method = ""
         # Re-entrant: a finalizer run by the garbage collector in the middle
         # of a recording (an old iterator collected) may call abandon_pass.
         self._lock = threading.RLock()
@@ -136,10 +137,11 @@ class StatsRecorder:
         self._due = min((each.due_at() for each in self._listeners), default=float("inf"))
 
     # ----------------------------------------------------------- recording
-    def begin_pass(self, started_at: float, total: Optional[int], num_workers: int) -> int:
+    def begin_pass(self, started_at: float, total: Optional[int], num_workers: int, worker_method: str = "") -> int:
         """A pass began at ``started_at`` (when iter() was called); its
         iterator is ready now. The time in between (starting workers, say)
-        is time the loop waited for data. Returns the pass's id, which the
+        is time the loop waited for data. ``worker_method``: where its
+        workers run (plan.Running.method). Returns the pass's id, which the
         other calls take."""
         with self._lock:
             self._close_pass()
@@ -147,6 +149,7 @@ class StatsRecorder:
             now = perf_counter()
             self._floor = started_at
             self.num_workers = num_workers
+            self.worker_method = worker_method
             self.passes += 1
             self._pass_id += 1
             pass_id = self._pass_id
@@ -345,6 +348,7 @@ class StatsRecorder:
             interval_mark = self._interval_locked(mark, since_mark) if since_mark is not None else None
             extras = dict(
                 num_workers=self.num_workers,
+                worker_method=self.worker_method,
                 passes=self.passes,
                 first_batch_s=self.first_batch_s,
                 worker_start_s=self.worker_start_s,

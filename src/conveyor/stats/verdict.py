@@ -13,7 +13,9 @@ The rules, in order (each names its evidence):
    idle workers could be fewer).
 3. Otherwise input-bound, and the advice follows the evidence:
    no workers → use workers; a main-process stage is the slowest (sampler,
-   transport, pin) → fix that stage; loading waits for a free core → name
+   transport, pin) → fix that stage; Ray workers (other machines' cores)
+   saturated or short of cores → add CPU nodes, a core per actor; loading
+   waits for a free core → name
    who takes the cores (other processes, this job, or a CPU quota when
    cores sit idle) and what would help;
    loading mostly waits on something else (storage, network) → more
@@ -166,6 +168,8 @@ def _input_bound_advice(stats: LoaderFigures, slowest: Optional[str], share: flo
             f"pin_memory off when not training on an accelerator"
         )
     cpu_wait = stats.loading_cpu_wait_fraction
+    if stats.worker_method == "ray" and (busy >= SATURATED_BUSY or (cpu_wait or 0.0) >= CONTENDED_CPU):
+        return _ray_advice(stats, busy, cpu_wait, slowest, share, p50)
     if cpu_wait is not None and cpu_wait >= CONTENDED_CPU:
         return _contended_advice(stats, cpu_wait, slowest, p50, cores)
     off_cpu = stats.loading_off_cpu_fraction if cpu_wait is not None else (None if cpu is None else 1.0 - cpu)
@@ -206,6 +210,24 @@ def _input_bound_advice(stats: LoaderFigures, slowest: Optional[str], share: flo
         f"the workers are busy only {busy:.0%} of the time while the loop waits {stats.steady_wait_fraction:.0%}: keep "
         f"more batches in flight (raise prefetch_factor), and check that the main process is not the bottleneck "
         f"(its stages: sampler, transport, queue, pin)"
+    )
+
+
+def _ray_advice(
+    stats: LoaderFigures, busy: float, cpu_wait: Optional[float], slowest: Optional[str], share: float, p50: str
+) -> str:
+    """Ray workers, saturated or short of cores on their nodes: this machine's cores are not theirs."""
+    workers = stats.num_workers
+    if cpu_wait is not None and cpu_wait >= CONTENDED_CPU:
+        return (
+            f"the {workers} Ray workers wait for a free core on their nodes {cpu_wait:.0%} of their loading time "
+            f"({slowest} {p50} per batch at the median): give each actor a core of its own "
+            f"(RayWorkers(num_cpus=1), the default) on nodes with cores to spare, or add CPU nodes to the cluster"
+        )
+    return (
+        f"the {workers} Ray workers are busy {busy:.0%}: add CPU nodes to the cluster and raise num_workers to match "
+        f"(each worker is one actor; docs/scale-out.md models how many nodes feed this loop), or make {slowest} "
+        f"cheaper ({share:.0%} of loading time, {p50} per batch)"
     )
 
 
