@@ -200,7 +200,7 @@ class Serving:
             try:
                 return pack(message)
             except Exception:  # e.g. a collate_fn's output that does not pickle
-                return pack(self._failed(task, "while sending its result to the main process"))
+                return pack(self.failed(task, "while sending its result to the main process"))
         finally:
             if writer is not None:
                 writer.end()
@@ -224,7 +224,9 @@ class Serving:
             clock.samples, started_at, fetched_at - started_at, collated_at - fetched_at, encode_s, cpu_s, cpu_wait_s
         )
 
-    def _failed(self, task: Task, doing: str = "") -> TaskFailed:
+    def failed(self, task: Task, doing: str = "") -> TaskFailed:
+        """The failure being handled now (call it in an except block) as the
+        task's answer, ``doing`` saying where beyond the worker."""
         wid = self.config.worker_id
         where = f"{self.config.where} {doing}" if doing else self.config.where
         live = sys.exc_info()[1] if self.config.place is Place.INLINE else None
@@ -277,7 +279,7 @@ class Serving:
                 raise
             raise Ending(fatal_message(wid, config.where, "task", task)) from None
         except BaseException:
-            return self._failed(task)
+            return self.failed(task)
         try:  # where an iterable's copy stands after the batch, for DataLoader.state_dict
             state = fetcher.state()
         except (SystemExit, KeyboardInterrupt):
@@ -285,7 +287,7 @@ class Serving:
                 raise
             raise Ending(fatal_message(wid, config.where, "task", task)) from None
         except BaseException:
-            return self._failed(task, "in state_dict()")
+            return self.failed(task, "in state_dict()")
         return message if state is None else dataclasses.replace(message, worker_state=state)
 
 

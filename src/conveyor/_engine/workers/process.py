@@ -122,7 +122,7 @@ def _keep_freed_memory() -> None:
     mallopt(m_mmap_threshold, _MALLOC_MMAP_THRESHOLD_BYTES)
 
 
-def _set_up(config: WorkerConfig) -> Any:
+def set_up(config: WorkerConfig) -> Any:
     """Seed, answer get_worker_info, run worker_init_fn; the fetcher."""
     seed_global_generators(config.seed)
     _set_worker_info(config)
@@ -137,7 +137,7 @@ def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
     wid = config.worker_id
     stacks.install(config.fds.stack)
     try:
-        fetcher = _set_up(config)
+        fetcher = set_up(config)
     except BaseException:
         return _send_fatal(result_fd, fatal_message(wid, config.where, "start"))
     if not _send(result_fd, pack(Ready(wid))):

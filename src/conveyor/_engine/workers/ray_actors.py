@@ -5,7 +5,7 @@ the worker loop in one Ray actor per worker, anywhere on the cluster.
              ◀──wait: ray.wait over the refs in hand, each worker's answers in order──
              ──decode: the batch's arrays from Ray's object store (copied where read-only)
 
-Each actor (ray_worker.py) sets up as a worker process does (``process._set_up``: seeded,
+Each actor (ray_worker.py) sets up as a worker process does (``process.set_up``: seeded,
 ``get_worker_info()``, ``worker_init_fn``, its fetcher), then loads each task
 with the same ``Serving.load`` as ``Place.PROCESS`` (the global generators
 seeded per batch), so a batch is the one a local worker process makes for

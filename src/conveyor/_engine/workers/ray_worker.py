@@ -39,10 +39,10 @@ class LoadingActor:
         address = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # (Ray's, unannotated)
         where = (os.getpid(), context.get_node_id(), address)
         try:
-            from .process import _set_up
+            from .process import set_up
 
             config: WorkerConfig = pickle.loads(payload)
-            fetcher = _set_up(config)
+            fetcher = set_up(config)
         except BaseException:
             return fatal_message(worker_id, f"in DataLoader worker process {worker_id}", "start"), where
         self._serving = Serving(config, fetcher)
@@ -62,7 +62,7 @@ class LoadingActor:
         try:  # (as a worker process: an answer that does not pickle fails its batch, and the pass goes on)
             _check_pickles(message)
         except Exception:
-            return serving._failed(task, "while sending its result to the main process")  # (Serving's own failure record)
+            return serving.failed(task, "while sending its result to the main process")
         return message
 
 
