@@ -210,6 +210,19 @@ def test_timeout_makes_a_late_batch_an_error_naming_it():
     assert "batch 2" in str(late.value) and "[4, 5]" in str(late.value)
 
 
+def test_batches_are_writable_unless_the_stores_own_arrays_are_asked_for():
+    """By default a batch's arrays may be written, as a local worker's;
+    RayWorkers(writable=False) hands out the object store's own (no copy),
+    read-only, with the same values."""
+    kwargs = dict(batch_size=4, shuffle=True, seed=5, num_workers=2)
+    copied = [batch["x"] for batch in DataLoader(Augmented(), worker_method="ray", **kwargs)]
+    shared = [batch["x"] for batch in DataLoader(Augmented(), worker_method=RayWorkers(writable=False), **kwargs)]
+    assert len(copied) == len(shared) == 6
+    assert all(x.flags.writeable for x in copied)
+    assert not any(x.flags.writeable for x in shared)
+    assert all(np.array_equal(a, b) for a, b in zip(copied, shared))
+
+
 def test_stats_and_trace_count_the_ray_workers_batches(tmp_path):
     loader = DataLoader(Augmented(), batch_size=4, num_workers=2, worker_method="ray")
     with loader.trace(tmp_path / "trace.json"):
@@ -248,6 +261,7 @@ def test_a_worker_ray_cannot_place_fails_naming_what_it_asked_for():
         (lambda: RayWorkers(resources=["cpu_node"]), TypeError, "resources"),
         (lambda: RayWorkers(scheduling_strategy="PACK"), ValueError, "SPREAD"),
         (lambda: RayWorkers(restart_lost=-1), ValueError, "restart_lost"),
+        (lambda: RayWorkers(writable="no"), TypeError, "writable"),
         (lambda: DataLoader(Augmented(), num_workers=2, worker_method="ray", multiprocessing_context="spawn"),
          ValueError, "drop one of them"),
     ],

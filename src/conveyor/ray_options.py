@@ -45,6 +45,11 @@ class RayWorkers:
       lost worker ends the pass with ``WorkerDiedError``, as a dead worker
       process does. Map-style datasets only: an iterable dataset's copy
       cannot be put back where the lost one stood.
+    * ``writable``: True (default): the arrays Ray's object store hands out
+      read-only are copied once in the training process, so a batch can be
+      written as a local worker's can. False: the batch's arrays are the
+      store's own, read without a copy on the same node, and read-only
+      (torch warns when it makes tensors of them).
     * ``start_timeout``: seconds an actor may take to be placed and set up
       (a cluster without the CPUs or resources asked for never places it);
       past that the pass fails naming the worker and what it asked for.
@@ -62,6 +67,7 @@ class RayWorkers:
     scheduling_strategy: Optional[Any] = None
     restart_lost: int = 0
     start_timeout: float = 300.0
+    writable: bool = True
 
     def __post_init__(self) -> None:
         if not _is_number(self.num_cpus) or not self.num_cpus >= 0:
@@ -92,6 +98,8 @@ class RayWorkers:
                 f"RayWorkers(restart_lost=) is how many times in all a lost worker is started again: an int, "
                 f"0 or more, got {self.restart_lost!r}"
             )
+        if not isinstance(self.writable, bool):
+            raise TypeError(f"RayWorkers(writable=) must be True or False, got {self.writable!r}")
         if not _is_number(self.start_timeout) or not self.start_timeout > 0:
             raise ValueError(
                 f"RayWorkers(start_timeout=) is the seconds an actor may take to start: a number over 0, "

@@ -303,8 +303,11 @@ class RayActorWorkers(NoSlots):
         arrived.append((worker, EXITED))
 
     def decode(self, worker: RayHandle, task: Task, message: Batch) -> Any:
-        """The batch's arrays, as the user may keep and write them: what
-        Ray's object store hands out read-only is copied."""
+        """The batch's arrays: what Ray's object store hands out read-only
+        is copied, so the user may write them as a local worker's, unless
+        ``RayWorkers(writable=False)`` asks for the store's own (no copy)."""
+        if not self.options.writable:
+            return message.data
         return map_leaves(message.data, _writable)
 
     def exit_error(self, worker: RayHandle, what: Optional[str], starting: bool = False) -> BaseException:
