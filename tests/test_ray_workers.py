@@ -82,7 +82,7 @@ class KilledOnce(Augmented):
 
 
 class Stuck(conveyor.Dataset):
-    """Sample ``i`` is ``i``; sample 5 takes two minutes."""
+    """Sample ``i`` is ``i``; sample 5 takes ten minutes (its actor is killed when the loader stops)."""
 
     def __len__(self) -> int:
         return 12
@@ -91,7 +91,7 @@ class Stuck(conveyor.Dataset):
         if i == 5:
             import time
 
-            time.sleep(120)
+            time.sleep(600)
         return i
 
 
@@ -202,10 +202,12 @@ def test_an_iterable_dataset_yields_what_worker_processes_yield():
 
 
 def test_timeout_makes_a_late_batch_an_error_naming_it():
-    loader = DataLoader(Stuck(), batch_size=2, num_workers=1, worker_method="ray", timeout=20)
+    # (timeout counts the actor's start too, as torch's counts a worker's: 60 s leaves room for Ray
+    # starting an actor on a busy two-core machine, and the late sample takes far longer)
+    loader = DataLoader(Stuck(), batch_size=2, num_workers=1, worker_method="ray", timeout=60)
     it = iter(loader)
     assert [next(it).tolist() for _ in range(2)] == [[0, 1], [2, 3]]
-    with pytest.raises(RuntimeError, match=r"timed out after 20 seconds") as late:
+    with pytest.raises(RuntimeError, match=r"timed out after 60 seconds") as late:
         next(it)
     assert "batch 2" in str(late.value) and "[4, 5]" in str(late.value)
 
