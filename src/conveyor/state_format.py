@@ -197,6 +197,16 @@ def checksum(state: Mapping[str, Any]) -> str:
     return f"{zlib.crc32(canonical.encode('utf-8')):08x}"
 
 
+def check_checksum(state: Mapping[str, Any]) -> None:
+    """``state``'s saved checksum matches its contents, or a ValueError saying so."""
+    expected = checksum(state)
+    if state.get("checksum") != expected:
+        raise ValueError(
+            f"DataLoader.load_state_dict: the state was changed after it was saved (checksum "
+            f"{state.get('checksum')!r} does not match its contents, which give {expected!r}). A changed state "
+            f"could yield other batches than the saved run; pass the dict exactly as state_dict() returned "
+            f"it (JSON, pickle and torch.save keep it intact)."
+        )
 
 
 # ------------------------------------------------------------------ checks
@@ -232,14 +242,7 @@ def check_header(state: Any) -> None:
             f"DataLoader.load_state_dict: the state lacks {missing} (truncated or edited?); pass the "
             f"whole dict returned by DataLoader.state_dict()"
         )
-    expected = checksum(state)
-    if state["checksum"] != expected:
-        raise ValueError(
-            f"DataLoader.load_state_dict: the state was changed after it was saved (checksum "
-            f"{state['checksum']!r} does not match its contents, which give {expected!r}). A changed state "
-            f"could yield other batches than the saved run; pass the dict exactly as state_dict() returned "
-            f"it (JSON, pickle and torch.save keep it intact)."
-        )
+    check_checksum(state)
 
 
 def check_settings(view: LoaderView, saved: Any) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .state_format import checksum
+from .state_format import check_checksum, checksum
 
 #: The keys of version 2's first layout that today's ``copies`` replaced.
 EARLY_V2_KEYS = ("iterator_state", "iterator_ended", "iterator_served", "worker_progress")
@@ -44,12 +44,7 @@ def upgrade(state: Any) -> Any:
     a new checksum), any other returned as it is (its checks come next)."""
     if not is_early_v2(state):
         return state
-    if state.get("checksum") != checksum(state):
-        raise ValueError(
-            f"DataLoader.load_state_dict: the state was changed after it was saved (checksum "
-            f"{state.get('checksum')!r} does not match its contents, which give {checksum(state)!r}). A changed "
-            f"state could yield other batches than the saved run; pass the dict exactly as state_dict() returned it."
-        )
+    check_checksum(state)
     upgraded = {key: value for key, value in state.items() if key not in (*EARLY_V2_KEYS, "checksum")}
     copies = state["worker_progress"]
     settings = state.get("settings")
