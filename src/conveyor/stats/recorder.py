@@ -7,11 +7,11 @@
 
 The per-batch path appends one row to a list, without a lock (see
 :meth:`StatsRecorder.batch`; ``loader.stats()`` may be called from another
-thread, a logger's say); rows go into one ``array('d')`` per stage in bulk.
-Totals are exact for the whole life of the
-loader; percentiles are over the most recent ``WINDOW`` to ``2 × WINDOW``
-batches (older values are folded into the totals), so memory stays bounded
-on runs of any length.
+thread, a logger's say); rows go into one column per stage in bulk
+(columns.py). Totals are exact for the whole life of the loader;
+percentiles are over the most recent ``WINDOW`` to ``2 × WINDOW`` batches
+(older values are folded into the totals), so memory stays bounded on runs
+of any length.
 
 Loading time counts toward "workers busy" only inside the passes (a
 batch's loading span is cut at its pass's ``iter()``), and an interval
@@ -23,7 +23,6 @@ delivered later is busy time of when it was loaded (loading.py).
 from __future__ import annotations
 
 import threading
-from array import array
 from time import perf_counter
 from typing import Any, Callable, Optional, Protocol
 
@@ -31,13 +30,12 @@ import numpy as np
 
 from .._engine.executor.records import DeliveryTimes
 from .._engine.transport.messages import LoadTimes
+from .columns import WINDOW, StageColumns, stage_stats
 from .loading import LoadingTotals
 from .machine import CoreClock, CoreUse
-from .figures import STAGES, Mark, StageStats
+from .figures import STAGES, Mark
 from .report import LoaderStats
 
-#: Percentiles are computed over at least this many of the latest batches.
-WINDOW = 1 << 16
 #: Rows are added to the columns this many at a time (one numpy conversion
 #: instead of a dozen Python-level appends per batch).
 BULK = 256
@@ -81,14 +79,11 @@ class StatsRecorder:
         self._pass_id = 0
         #: Samples skip_bad_samples left out (skips.SkippedSample), in order.
         self._skipped: list = []
-        #: One column per stage, in STAGES order: the latest batches' seconds.
-        self._columns = tuple(array("d") for _ in STAGES)
+        #: Each stage's seconds: the latest batches' per batch, older ones' totals.
+        self._stages = StageColumns()
         #: Batches not yet in the columns: their Timings' two parts, the
         #: loop's wait and compute (appended in this order).
         self._pending: tuple[list[LoadTimes], list[DeliveryTimes], list[float], list[float]] = ([], [], [], [])
-        #: Totals of the values folded out of the columns, per stage.
-        self._folded = [0.0] * len(STAGES)
-        self._rows_folded = 0
         self.batches = 0
         self.samples = 0
         self.errors = 0
@@ -237,9 +232,8 @@ class StatsRecorder:
             np.array(waits, dtype=np.float64),
             np.array(computes, dtype=np.float64),
         )
-        for column, stage in zip(self._columns, values):
-            column.frombytes(np.ascontiguousarray(stage, dtype=np.float64).tobytes())
-        if len(self._columns[0]) >= 2 * WINDOW:
+        self._stages.add(values)
+        if self._stages.full:
             self._fold()
 
     def end_pass(self, pass_id: int, called_at: float, ended_at: float) -> None:
@@ -275,12 +269,9 @@ class StatsRecorder:
             self._cores.end(self._worker_pids)
 
     def _fold(self) -> None:
-        """Keep the latest WINDOW values of each column; older ones go into the totals."""
-        for k, column in enumerate(self._columns):
-            self._folded[k] += float(np.frombuffer(column[:WINDOW], dtype=np.float64).sum())
-            del column[:WINDOW]
+        """Keep the latest WINDOW batches' values; older ones go into the totals."""
+        self._stages.fold()
         self._loading.drop_oldest(WINDOW)
-        self._rows_folded += WINDOW
 
     def _tick(self, now: float) -> None:
         for listener in list(self._listeners):
@@ -293,7 +284,7 @@ class StatsRecorder:
         """The running totals now, without percentiles or core use: cheap enough for a bar."""
         with self._lock:
             self._add_pending()
-            return self._mark_locked([float(np.frombuffer(c[:], dtype=np.float64).sum()) for c in self._columns])
+            return self._mark_locked(self._stages.totals(self._stages.arrays()))
 
     def interval(self, now: Mark, earlier: Mark) -> Mark:
         """``now`` less ``earlier`` (two marks of this recorder, ``earlier``
@@ -306,20 +297,21 @@ class StatsRecorder:
         before it (ahead of the loop): that part is not the interval's. The
         cut needs each batch's span; past ``WINDOW`` batches the oldest
         spans are gone, and a long interval's first batches count whole."""
-        first, last = (max(0, mark.rows - self._rows_folded) for mark in (earlier, now))
+        first, last = (max(0, mark.rows - self._stages.rows_folded) for mark in (earlier, now))
         before = self._loading.busy_before(first, last, earlier.at)
         interval = now.minus(earlier)
         return interval._replace(busy_s=max(0.0, interval.busy_s - before))
 
-    def _mark_locked(self, column_sums: list[float], cores: Optional[CoreUse] = None) -> Mark:
+    def _mark_locked(self, stage_totals: list[float], cores: Optional[CoreUse] = None) -> Mark:
+        """The running totals now; ``stage_totals``: the columns' (StageColumns.totals)."""
         wall_s = self._wall_closed_s
         if self._pass_started is not None:
             wall_s += self._last_event - self._pass_started
-        stage_totals = [folded + column for folded, column in zip(self._folded, column_sums)]
+        stage_totals = list(stage_totals)
         stage_totals[_WAIT] += self._extra_wait_s
         stage_totals[_COMPUTE] += self._extra_compute_s
         return Mark(
-            rows=self._rows_folded + len(self._columns[0]),
+            rows=self._stages.rows,
             batches=self.batches,
             samples=self.samples,
             errors=self.errors,
@@ -341,9 +333,9 @@ class StatsRecorder:
         earlier snapshot of this loader), when given."""
         with self._lock:
             self._add_pending()
-            columns = [np.frombuffer(c[:], dtype=np.float64) for c in self._columns]
-            mark = self._mark_locked([float(c.sum()) for c in columns], self._cores.totals(self._worker_pids))
-            rows_folded = self._rows_folded
+            columns = self._stages.arrays()
+            mark = self._mark_locked(self._stages.totals(columns), self._cores.totals(self._worker_pids))
+            rows_folded = self._stages.rows_folded
             since_mark = since._mark if since is not None else None
             interval_mark = self._interval_locked(mark, since_mark) if since_mark is not None else None
             extras = dict(
@@ -372,15 +364,7 @@ def _fresh_recorder(num_workers: int, listeners: list) -> StatsRecorder:
 
 
 def _stats_from(mark: Mark, columns: list[np.ndarray], extras: dict, num_workers: int) -> LoaderStats:
-    stages = {}
-    for k, name in enumerate(STAGES):
-        values = columns[k]
-        if values.size:
-            p50, p90, p99 = (float(v) for v in np.percentile(values, (50, 90, 99)))
-        else:
-            p50 = p90 = p99 = 0.0
-        stages[name] = StageStats(total_s=mark.stage_totals[k], p50_s=p50, p90_s=p90, p99_s=p99)
-    return LoaderStats.from_mark(mark, stages, **extras)
+    return LoaderStats.from_mark(mark, stage_stats(mark.stage_totals, columns), **extras)
 
 
 _WAIT = STAGES.index("wait")
