@@ -10,7 +10,8 @@
 
 Each batch's record (``Delivered.timings``, made by the executors) feeds one
 :class:`StatsRecorder` per loader (recorder.py): the loading threads' own
-figures are summed in loading.py, who used the cores in machine.py.
+figures are summed in loading.py, per worker and node in workers.py, who
+used the cores in machine.py.
 """
 
 from .live import JsonLinesWriter, ProgressBar
@@ -20,12 +21,14 @@ from .report import LoaderStats
 from .scalars import ScalarWriter, stats_callback
 from .trace import ChromeTrace
 from .verdict import Verdict
+from .workers import NodeStats, WorkerStats
 
 __all__ = [
     "ChromeTrace",
     "JsonLinesWriter",
     "LOADING_STAGES",
     "LoaderStats",
+    "NodeStats",
     "ProgressBar",
     "ScalarWriter",
     "STAGES",
@@ -33,4 +36,5 @@ __all__ = [
     "StageStats",
     "StatsRecorder",
     "Verdict",
+    "WorkerStats",
 ]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple, Optional
 
 from .machine import CoreUse
+from .workers import NodeStats, PerWorker, WorkerStats
 
 #: The stages of one batch, in the order a batch meets them.
 STAGES = ("sampler", "fetch", "collate", "transport", "queue", "pin", "wait", "compute")
@@ -73,19 +74,21 @@ class Mark(NamedTuple):
     stage_totals: tuple
     #: Who used the cores during passes (machine.py); None: not read, or not measured here.
     cores: Optional[CoreUse] = None
+    #: The same batches, samples and loading seconds per worker and node (workers.py).
+    workers: PerWorker = PerWorker()
 
     def minus(self, earlier: "Mark") -> "Mark":
         """The totals since ``earlier`` (``at`` stays this mark's)."""
         values = {
             name: getattr(self, name) - getattr(earlier, name)
             for name in self._fields
-            if name not in ("at", "stage_totals", "cores")
+            if name not in ("at", "stage_totals", "cores", "workers")
         }
         cores = None
         if self.cores is not None and earlier.cores is not None:
             cores = self.cores.minus(earlier.cores)
         stages = tuple(a - b for a, b in zip(self.stage_totals, earlier.stage_totals))
-        return Mark(**values, at=self.at, stage_totals=stages, cores=cores)
+        return Mark(**values, at=self.at, stage_totals=stages, cores=cores, workers=self.workers.minus(earlier.workers))
 
 
 def share_of(part: float, whole: float) -> Optional[float]:
@@ -204,6 +207,10 @@ class LoaderFigures:
     #: Where the workers ran: "inline" (num_workers=0), "thread", "ray" (Ray
     #: actors, perhaps on other machines), or the process start method ("" unknown).
     worker_method: str = ""
+    #: Each worker's batches and busy share (one per worker id and node it
+    #: loaded on; -1: the main process), and each node's: workers.py, docs/stats.md.
+    workers: tuple[WorkerStats, ...] = ()
+    nodes: tuple[NodeStats, ...] = ()
     interval: Optional["LoaderFigures"] = None
     _mark: Optional[Mark] = field(default=None, repr=False, compare=False)
 
@@ -244,6 +251,8 @@ class LoaderFigures:
             "passes": self.passes,
             "stages": {name: stage.to_dict() for name, stage in self.stages.items()},
             "skipped": [record.to_dict() for record in self.skipped],
+            "workers": [worker.to_dict() for worker in self.workers],
+            "nodes": [node.to_dict() for node in self.nodes],
         }
         if self._mark is not None:
             out["raw"] = _raw(self._mark)

@@ -38,19 +38,21 @@ class LoadingTotals:
         #: Each batch's span after the cut: (from, to), perf_counter readings.
         self._spans = (array("d"), array("d"))
 
-    def add(self, loading: Mapping[str, np.ndarray], floor: float) -> None:
+    def add(self, loading: Mapping[str, np.ndarray], floor: float) -> np.ndarray:
         """Add batches delivered in the pass that began at ``floor`` (their
-        LoadTimes, one numpy column per field)."""
+        LoadTimes, one numpy column per field); returns each one's busy
+        seconds (its span after the cut)."""
         load = loading["fetch_s"] + loading["collate_s"] + loading["encode_s"]
         started = loading["started_at"]
         span_from, span_to = np.maximum(started, floor), started + load
         self._spans[0].frombytes(span_from.tobytes())
         self._spans[1].frombytes(span_to.tobytes())
-        self.busy_s += float(np.maximum(span_to - span_from, 0.0).sum())
+        busy = np.maximum(span_to - span_from, 0.0)
+        self.busy_s += float(busy.sum())
         cpu, wait = loading["cpu_s"], loading["cpu_wait_s"]
         measured = ~np.isnan(cpu)
         if not measured.any():
-            return
+            return busy
         load, cpu, wait = load[measured], cpu[measured], wait[measured]
         # Both figures are read inside the span, so these cuts change nothing
         # but a clock that ticks coarsely (Windows) and the in-process loader's
@@ -63,12 +65,13 @@ class LoadingTotals:
         self.cpu_measured_s += float(load.sum())
         self.cpu_s += float(cpu.sum())
         self.cpu_wait_s += float(wait.sum())
+        return busy
 
-    def busy_before(self, first: int, last: int, at: float) -> float:
-        """Loading seconds of the kept batches ``first:last`` that lay before ``at``."""
+    def busy_before(self, first: int, last: int, at: float) -> np.ndarray:
+        """Loading seconds of each of the kept batches ``first:last`` that lay before ``at``."""
         spans_from = np.frombuffer(self._spans[0][first:last], dtype=np.float64)
         spans_to = np.frombuffer(self._spans[1][first:last], dtype=np.float64)
-        return float(np.clip(np.minimum(spans_to, at) - spans_from, 0.0, None).sum())
+        return np.clip(np.minimum(spans_to, at) - spans_from, 0.0, None)
 
     def drop_oldest(self, count: int) -> None:
         """Forget the oldest ``count`` spans (the recorder folded their rows)."""

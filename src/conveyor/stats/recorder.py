@@ -17,7 +17,9 @@ Loading time counts toward "workers busy" only inside the passes (a
 batch's loading span is cut at its pass's ``iter()``), and an interval
 (``stats(since=...)``, the bar's half second) leaves out the part of its
 batches' spans that lay before it began: a batch loaded ahead and
-delivered later is busy time of when it was loaded (loading.py).
+delivered later is busy time of when it was loaded (loading.py). The same
+totals are kept per worker and per node, by the worker ids and pid each
+batch's record carries (workers.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from .loading import LoadingTotals
 from .machine import CoreClock, CoreUse
 from .figures import STAGES, Mark
 from .report import LoaderStats
+from .workers import WorkerTotals
 
 #: Rows are added to the columns this many at a time (one numpy conversion
 #: instead of a dozen Python-level appends per batch).
@@ -90,6 +93,8 @@ class StatsRecorder:
         self.passes = 0
         #: The loaders' (workers', or the main process's) own figures.
         self._loading = LoadingTotals()
+        #: The same per worker and node (workers.py).
+        self._workers = WorkerTotals()
         #: When the latest pass began (loading before it is not this pass's).
         self._floor = float("-inf")
         #: The workers' pids seen so far, and who used the cores during passes.
@@ -215,7 +220,8 @@ class StatsRecorder:
         loading = _columns(loading_rows, _LOADING)
         delivery = _columns(delivery_rows, _DELIVERY)
         self.samples += int(loading["samples"].sum())
-        self._loading.add(loading, self._floor)
+        busy = self._loading.add(loading, self._floor)
+        self._workers.add(delivery["worker_id"], delivery["worker_pid"], loading["samples"], busy)
         self._worker_pids.update(np.unique(delivery["worker_pid"]).tolist())
         self.slots_in_use = int(delivery["slots_in_use"][-1])
         ready = delivery["workers_ready_s"][~np.isnan(delivery["workers_ready_s"])]
@@ -272,6 +278,7 @@ class StatsRecorder:
         """Keep the latest WINDOW batches' values; older ones go into the totals."""
         self._stages.fold()
         self._loading.drop_oldest(WINDOW)
+        self._workers.drop_oldest(WINDOW)
 
     def _tick(self, now: float) -> None:
         for listener in list(self._listeners):
@@ -288,7 +295,7 @@ class StatsRecorder:
 
     def interval(self, now: Mark, earlier: Mark) -> Mark:
         """``now`` less ``earlier`` (two marks of this recorder, ``earlier``
-        first), the loading done before ``earlier`` left out of ``busy_s``."""
+        first), the loading done before ``earlier`` left out of ``busy_s`` (and of each worker's)."""
         with self._lock:
             return self._interval_locked(now, earlier)
 
@@ -300,7 +307,8 @@ class StatsRecorder:
         first, last = (max(0, mark.rows - self._stages.rows_folded) for mark in (earlier, now))
         before = self._loading.busy_before(first, last, earlier.at)
         interval = now.minus(earlier)
-        return interval._replace(busy_s=max(0.0, interval.busy_s - before))
+        workers = interval.workers.less_busy(self._workers.busy_each(first, last, before))
+        return interval._replace(busy_s=max(0.0, interval.busy_s - float(before.sum())), workers=workers)
 
     def _mark_locked(self, stage_totals: list[float], cores: Optional[CoreUse] = None) -> Mark:
         """The running totals now; ``stage_totals``: the columns' (StageColumns.totals)."""
@@ -326,6 +334,7 @@ class StatsRecorder:
             startup_s=self._startup_s,
             stage_totals=tuple(stage_totals),
             cores=cores,
+            workers=self._workers.mark(),
         )
 
     def snapshot(self, since: Optional[LoaderStats] = None) -> LoaderStats:

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional, TextIO
 from .figures import LoaderFigures, Mark, StageStats, _cores_read, fractions, share_of
 from .table import html_table, text_table
 from .verdict import Verdict, judge
+from .workers import per_worker
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class LoaderStats(LoaderFigures):
         wall = mark.wall_s
         wait = stages["wait"].total_s
         shares = fractions(mark, num_workers)
+        workers, nodes = per_worker(mark.workers, wall)
         return cls(
             batches=mark.batches,
             samples=mark.samples,
@@ -58,6 +60,8 @@ class LoaderStats(LoaderFigures):
             cores_idle_fraction=shares.cores_idle,
             num_workers=num_workers,
             stages=stages,
+            workers=workers,
+            nodes=nodes,
             _mark=mark,
             **extras,
         )

@@ -1,11 +1,13 @@
 """The stats as a person reads them: a text table (``summary()``, ``str(stats)``)
 and the same as HTML (a notebook's view of ``loader.stats()``).
 
-    LoaderFigures ──text_table()──▶ the stage table, then one line per split whole
+    LoaderFigures ──text_table()──▶ the stage table, then one line per split whole, per node and per worker
                   ──html_table()──▶ <table> of the stages, the same lines, the verdict
 
 Each line below the table shows one whole and the shares it splits into,
 so the shares on a line add up to 100% (up to rounding to whole percents).
+With more than one worker or node, a line per node follows, and a line per
+worker when there are at most ``MAX_WORKER_LINES`` of them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from typing import Optional
 
 from .figures import LOADING_STAGES, NOT_MEASURED, STAGES, LoaderFigures
 from .verdict import judge
+
+#: Workers listed one per line at most (more: the nodes' lines only, and ``stats.workers``).
+MAX_WORKER_LINES = 8
 
 
 def _share_column(stats: LoaderFigures, name: str) -> str:
@@ -67,6 +72,22 @@ def share_lines(stats: LoaderFigures) -> list[str]:
     return lines
 
 
+def worker_lines(stats: LoaderFigures) -> list[str]:
+    """A line per node and (up to ``MAX_WORKER_LINES``) per worker; none with one worker on one node."""
+    if len(stats.workers) <= 1 and len(stats.nodes) <= 1:
+        return []
+    lines = [
+        f"node {node.node}: {len(node.worker_ids)} worker{'s' if len(node.worker_ids) != 1 else ''}, "
+        f"{node.batches:,} batches, busy {node.busy_fraction:.0%} (their mean)"
+        for node in stats.nodes
+    ]
+    if len(stats.workers) <= MAX_WORKER_LINES:
+        for worker in stats.workers:
+            where = f"pid {worker.pid}, {worker.node}" if worker.pid is not None else worker.node
+            lines.append(f"  worker {worker.worker_id} ({where}): {worker.batches:,} batches, busy {worker.busy_fraction:.0%}")
+    return lines
+
+
 def _compute_share(stats: LoaderFigures) -> Optional[float]:
     if stats.wall_s <= 0:
         return None
@@ -95,7 +116,7 @@ def text_table(stats: LoaderFigures) -> str:
             f"  {name:<10}{stage.total_s:10.3f} {_share_column(stats, name):>7}"
             f"{_ms(stage.p50_s)} {_ms(stage.p90_s)} {_ms(stage.p99_s)}"
         )
-    lines += [f"  {line}" for line in share_lines(stats)]
+    lines += [f"  {line}" for line in share_lines(stats) + worker_lines(stats)]
     lines.append("  (stage shares: loading stages of the loading time; wait and compute of wall time)")
     return "\n".join(lines)
 
@@ -109,7 +130,7 @@ def html_table(stats: LoaderFigures) -> str:
         for name, stage in ((name, stats.stages[name]) for name in STAGES)
     )
     head = "".join(f"<th>{name}</th>" for name in ("stage", "total s", "share", "p50 ms", "p90 ms", "p99 ms"))
-    shares = "".join(f"<li>{e(line)}</li>" for line in share_lines(stats))
+    shares = "".join(f"<li>{e(line.strip())}</li>" for line in share_lines(stats) + worker_lines(stats))
     verdict = "".join(f"<p>{e(line)}</p>" for line in str(judge(stats)).splitlines())
     return (
         f"<div class=\"conveyor-stats\"><p><b>{e(_headline(stats))}</b></p>"

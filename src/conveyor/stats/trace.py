@@ -15,6 +15,8 @@ from time import perf_counter
 from types import SimpleNamespace
 from typing import Any, Union
 
+from .workers import LOCAL, node_of
+
 #: Rows of the main process in the viewer.
 _LOOP_TID = 1
 _MAIN_TID = 2
@@ -69,7 +71,8 @@ class ChromeTrace:
         names = [_name(self._pid, "main process"), _thread(self._pid, _LOOP_TID, "training loop")]
         names.append(_thread(self._pid, _MAIN_TID, "loading (main process)"))
         for pid, worker_id in sorted(self._workers.items()):
-            names.append(_name(pid, f"worker {worker_id}"))
+            node = node_of(pid)
+            names.append(_name(pid, f"worker {worker_id}" + (f" on {node}" if node != LOCAL else "")))
         return {"traceEvents": names + self._events, "displayTimeUnit": "ms"}
 
     def write(self, path: Union[str, os.PathLike]) -> None:

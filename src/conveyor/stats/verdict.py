@@ -216,8 +216,13 @@ def _input_bound_advice(stats: LoaderFigures, slowest: Optional[str], share: flo
 def _ray_advice(
     stats: LoaderFigures, busy: float, cpu_wait: Optional[float], slowest: Optional[str], share: float, p50: str
 ) -> str:
-    """Ray workers, saturated or short of cores on their nodes: this machine's cores are not theirs."""
+    """Ray workers, saturated or short of cores on their nodes: this machine's cores are not theirs
+    (with workers on more than one node, the busiest node is named)."""
     workers = stats.num_workers
+    busy_text = f"{busy:.0%}"
+    busiest = max(stats.nodes, key=lambda node: node.busy_fraction, default=None)
+    if busiest is not None and len(stats.nodes) > 1:
+        busy_text += f" (the busiest node, {busiest.node}, {busiest.busy_fraction:.0%})"
     if cpu_wait is not None and cpu_wait >= CONTENDED_CPU:
         return (
             f"the {workers} Ray workers wait for a free core on their nodes {cpu_wait:.0%} of their loading time "
@@ -225,7 +230,7 @@ def _ray_advice(
             f"(RayWorkers(num_cpus=1), the default) on nodes with cores to spare, or add CPU nodes to the cluster"
         )
     return (
-        f"the {workers} Ray workers are busy {busy:.0%}: add CPU nodes to the cluster and raise num_workers to match "
+        f"the {workers} Ray workers are busy {busy_text}: add CPU nodes to the cluster and raise num_workers to match "
         f"(each worker is one actor; docs/scale-out.md models how many nodes feed this loop), or make {slowest} "
         f"cheaper ({share:.0%} of loading time, {p50} per batch)"
     )

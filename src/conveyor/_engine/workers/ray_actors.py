@@ -30,6 +30,7 @@ actors: the core never needs Ray.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import sys
 import time
@@ -55,6 +56,11 @@ _WAIT_SLICE_S = 1.0
 _GET_TIMEOUT_S = 120.0
 #: After a stop, how long to wait for this node's actor processes to end.
 _STOP_WAIT_S = 5.0
+#: Workers on other nodes: a negative timing pid per (node id, worker id) for this process's
+#: life, and the node each stands for, "address (node 1a2b3c4d)" (read by the stats; written here only).
+_REMOTE_PIDS: dict[tuple[str, int], int] = {}
+REMOTE_NODES: dict[int, str] = {}
+_REMOTE_COUNT = itertools.count(1)
 
 
 def _import_ray() -> Any:
@@ -94,6 +100,7 @@ class RayHandle:
     node_address: str = ""
     #: On the training process's node: its pid and clock are this machine's.
     on_this_node: bool = True
+    remote_pid: int = 0  # (its timing pid on another node)
     #: How it was lost, in Ray's words ("" while it runs).
     lost: str = ""
     #: Started again in place of a lost actor (its Ready is not news to the executor).
@@ -105,10 +112,9 @@ class RayHandle:
 
     @property
     def timing_ids(self) -> tuple[int, int]:
-        """(worker id, pid); a worker on another node has no pid here: -(1 +
-        id), which the stats skip when they read this machine's processes
-        and the trace shows as a lane of its own."""
-        return self.id, self.process_id if self.on_this_node else -(1 + self.id)
+        """(worker id, pid); on another node no pid here, but a negative one of its own per node (REMOTE_NODES):
+        the stats skip it when they read this machine's processes, and the trace gives it a lane of its own."""
+        return self.id, self.process_id if self.on_this_node else self.remote_pid
 
     def current(self, epoch_id: int) -> Optional[Task]:
         return task_of_epoch(self.outstanding, epoch_id)
@@ -242,6 +248,9 @@ class RayActorWorkers(NoSlots):
                 raise Broken(worker, None, "could not read the start of", exc) from None
             worker.process_id, worker.node_id, worker.node_address = pid, node_id, address
             worker.on_this_node = node_id == self._here
+            if not worker.on_this_node:
+                worker.remote_pid = _REMOTE_PIDS.setdefault((node_id, worker.id), -next(_REMOTE_COUNT))
+                REMOTE_NODES[worker.remote_pid] = f"{address} (node {node_id[:8]})"
             worker.ready = isinstance(message, Ready)
             if not (worker.ready and worker.restarted):  # (a restart's Ready would count as a new start-up)
                 arrived.append((worker, message))
