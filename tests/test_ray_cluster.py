@@ -5,7 +5,8 @@ A CPU node is removed mid-epoch:
 
     restart_lost=0 ──▶ WorkerDiedError naming the worker, its node and its batch, never a hang
     restart_lost=2 ──▶ its worker starts again on the other node and the
-                       epoch completes with the batches of local processes
+                       epoch completes with the batches of local processes,
+                       each counted in stats().nodes under the node that loaded it
 
 Each scenario runs in a script of its own (the Ray driver keeps descriptors
 and threads after ray.shutdown(), which would count as this process's
@@ -62,7 +63,8 @@ SCRIPT = textwrap.dedent(
         cluster.wait_for_nodes()
         options = RayWorkers(resources={"loader": 1}, scheduling_strategy="SPREAD",
                              restart_lost=2 if scenario == "restart" else 0)
-        it = iter(DataLoader(Slow(), worker_method=options, **kwargs))
+        loader = DataLoader(Slow(), worker_method=options, **kwargs)
+        it = iter(loader)
         got = [next(it) for _ in range(3)]
         cluster.remove_node(nodes[1], allow_graceful=False)
         result["removed"] = nodes[1].node_id
@@ -75,6 +77,7 @@ SCRIPT = textwrap.dedent(
             result["error"] = str(died)
         result["same"] = rows(got) == expected
         result["batches"] = len(got)
+        result["nodes"] = {node.node: node.batches for node in loader.stats().nodes}
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -113,3 +116,4 @@ def test_with_restart_lost_a_node_lost_mid_epoch_changes_no_batch(tmp_path):
     result = run("restart", tmp_path)
     assert "error" not in result, result["error"]
     assert result["same"] and result["batches"] == 12, result
+    assert len(result["nodes"]) == 2 and sum(result["nodes"].values()) == 12, result  # (each batch where it was loaded)
