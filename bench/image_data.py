@@ -3,7 +3,7 @@ photo-like JPEGs (a photo's spectrum, correlated channels, sharp-edged
 shapes, sensor noise), quality 90, in the root/<class>/<file> layout.
 
   imagenet: 1,000 files of 400-500 x 300-400 pixels (ImageNet's typical sizes)
-  large:    64 photos of 2,000-3,000 x 1,500-2,250 pixels
+  large:    256 photos of 2,000-3,000 x 1,500-2,250 pixels (64 before 2026-12-01)
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def imagenet_sized(count: int = 1000) -> Path:
     return _write(CACHE / f"imagenet-{count}", count, size, 1)
 
 
-def large_photos(count: int = 64) -> Path:
+def large_photos(count: int = 256) -> Path:
     def size(g):
         width = int(g.integers(2000, 3001))
         return int(width * 3 / 4), width

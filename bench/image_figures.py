@@ -87,6 +87,8 @@ IMAGES: dict[str, Callable[[dict], str]] = {
         d["previous_run"]["first_batch_s"]["median"]["conveyor_images"] / d["previous_run"]["first_batch_s"]["median"]["spdl"]
     ),
     "first.vs_spdl": lambda d: times(d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["spdl"]),
+    "first.vs_dali": lambda d: times(d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["dali_cpu"]),
+    "first.vs_ffcv": lambda d: times(d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["ffcv"]),
     "first.vs_spdl_images": lambda d: times(
         d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["spdl_images"]
     ),

@@ -247,6 +247,8 @@ def first(kind: str, root: str, batch: int, repeats: int = 5) -> float:
         return elapsed
 
     once()  # (imports and first-call costs: a training script has paid them)
+    if kind == "ffcv":  # (seconds per loader, where the others take milliseconds: one is enough)
+        repeats = 1
     return statistics.median(once() for _ in range(repeats))
 
 

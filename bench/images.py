@@ -10,7 +10,8 @@ flip half, uint8 224 x 224 x 3 batches, 2 workers (processes, or the
 library's threads), shuffled; samples/s over an epoch after the first batch
 (FFCV after a warm-up epoch: it compiles). Two sets of files
 (bench/image_data.py): 1,000 ImageNet-sized JPEGs (400-500 x 300-400,
-quality 90) and 64 large photos (2,000-3,000 px), these also packed with
+quality 90) and 256 large photos (2,000-3,000 px; 16 batches an epoch, so
+that an epoch's start and end are a small part of it), these also packed with
 ``conveyor pack --max-side 512`` and read through ShardDataset by
 conveyor.images (against torch on the files). Each contender runs in a
 process of its own; in each round the contenders take turns (the order
@@ -19,8 +20,9 @@ and ratios to torch + Pillow, to FFCV and to DALI. The ceiling of each
 decode library: twice the rate of one process doing the same work with it,
 no loader. First batch: seconds from building the loader to its first
 batch, 2 workers, ImageNet-sized files, in a process that has built one
-before (median of 5), conveyor against torch and spdl's thread pipeline
-(with Pillow, and with conveyor.images' decode: the same work per sample). The load average before and after says how busy the
+before (median of 5), conveyor against torch, spdl's thread pipeline
+(with Pillow, and with conveyor.images' decode: the same work per sample),
+DALI's CPU pipeline and FFCV (one after its warm-up: it takes seconds). The load average before and after says how busy the
 machine was.
 """
 
@@ -41,10 +43,13 @@ sys.path.insert(0, str(HERE))
 import image_data  # noqa: E402
 
 RATE_KINDS = ("torch", "conveyor_pillow", "conveyor_images", "dali_cpu", "ffcv")
-FIRST_KINDS = ("torch", "conveyor_pillow", "conveyor_images", "spdl", "spdl_images")
+FIRST_KINDS = ("torch", "conveyor_pillow", "conveyor_images", "spdl", "spdl_images", "dali_cpu", "ffcv")
 #: PyTurboJPEG is left out: it needs a system libturbojpeg 3 (Debian 12 has 2.1), and its module
 #: name (turbojpeg) is the one the turbojpeg wheel, which conveyor[images] installs, takes.
 CEILING_LIBS = ("pillow", "opencv", "simplejpeg", "conveyor_images")
+#: Large photos: 16 batches of 16 an epoch (with 4, as before 2026-12-01, one epoch after its first
+#: batch was 3 batches on 2 workers, and the epoch's start and end weighed as much as its middle).
+LARGE_FILES = 256
 SIMD_PYTHON = HERE / ".venv-pillow-simd" / "bin" / "python"
 
 
@@ -105,7 +110,7 @@ def first_batch(root: Path, batch: int, rounds: int) -> dict:
     result["ratios"] = {
         f"{kind}_vs_{other}": round(medians[kind] / medians[other], 3)
         for kind in ("conveyor_images", "conveyor_pillow")
-        for other in ("spdl", "spdl_images", "torch")
+        for other in ("spdl", "spdl_images", "torch", "dali_cpu", "ffcv")
         if medians.get(kind) and medians.get(other)
     }
     return result
@@ -118,7 +123,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     only = set(args.only.split(","))
-    imagenet, large = image_data.imagenet_sized(), image_data.large_photos()
+    imagenet, large = image_data.imagenet_sized(), image_data.large_photos(LARGE_FILES)
     for path in list(imagenet.rglob("*.jpg")) + list(large.rglob("*.jpg")):
         path.read_bytes()  # (every contender then reads from the page cache)
     import numpy
@@ -133,11 +138,11 @@ def main() -> int:
     if "imagenet" in only:
         report["imagenet_sized"] = {"files": 1000, "batch": 32, **rates(imagenet, 32, args.rounds)}
     if "large" in only:
-        report["large_photos"] = {"files": 64, "batch": 16, **rates(large, 16, args.rounds)}
+        report["large_photos"] = {"files": LARGE_FILES, "batch": 16, **rates(large, 16, args.rounds)}
     if "packed" in only:  # large photos stored at most 512 px (conveyor pack --max-side 512), against torch on the files
         kinds = ("torch", "conveyor_images_packed")
         packed = _summary(_rounds(lambda kind: _run("rate", kind, str(large), "16"), kinds, args.rounds))
-        report["large_photos_packed"] = {"files": 64, "batch": 16, "max_side": 512, **packed}
+        report["large_photos_packed"] = {"files": LARGE_FILES, "batch": 16, "max_side": 512, **packed}
     if "ceilings" in only:
         report["ceilings_imagenet_sized"] = ceilings(imagenet, args.rounds)
         report["ceilings_large_photos"] = ceilings(large, max(1, args.rounds // 2))
