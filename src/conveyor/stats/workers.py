@@ -31,6 +31,7 @@ its seconds are measured there but where they fall in time is placed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from array import array
 from dataclasses import dataclass
@@ -75,15 +76,7 @@ class WorkerStats:
     busy_fraction: float
 
     def to_dict(self) -> dict:
-        return {
-            "worker_id": self.worker_id,
-            "pid": self.pid,
-            "node": self.node,
-            "batches": self.batches,
-            "samples": self.samples,
-            "busy_s": self.busy_s,
-            "busy_fraction": self.busy_fraction,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -102,14 +95,7 @@ class NodeStats:
     busy_fraction: float
 
     def to_dict(self) -> dict:
-        return {
-            "node": self.node,
-            "worker_ids": list(self.worker_ids),
-            "batches": self.batches,
-            "samples": self.samples,
-            "busy_s": self.busy_s,
-            "busy_fraction": self.busy_fraction,
-        }
+        return {**dataclasses.asdict(self), "worker_ids": list(self.worker_ids)}
 
 
 class PerWorker(NamedTuple):
