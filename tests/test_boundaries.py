@@ -1144,7 +1144,8 @@ class StuckAt1:
 @pytest.mark.parametrize("method", METHODS)
 def test_timeout_names_the_batch_the_loop_waits_for_and_the_worker_stuck_on_it(tmp_path, method):
     """Two workers, sample 1 never finishes, timeout=1 (start-up kept out of
-    the window: the test waits for worker_init_fn first): RuntimeError
+    the window: the test waits for both workers' worker_init_fn after the
+    first batch, since under fork worker 1 starts once batch 0 is out): RuntimeError
     "DataLoader timed out after 1 seconds" saying it waits for batch 1
     (sample index 1) and which worker (pid) is stuck on it; the loader is
     then broken and its workers gone."""
@@ -1155,8 +1156,8 @@ def test_timeout_names_the_batch_the_loop_waits_for_and_the_worker_stuck_on_it(t
             multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
         )
         it = iter(loader)
-        worker_pids(tmp_path, 2)
         assert next(it).tolist() == [0]
+        worker_pids(tmp_path, 2)
         with pytest.raises(RuntimeError) as caught:
             next(it)
         text = str(caught.value)

@@ -78,10 +78,11 @@ def make_plan(loader: LoaderArguments) -> Plan:
         skip_errors=loader.skip_bad_samples.errors if loader.skip_bad_samples is not None else (),
     )
     inline = loader.num_workers == 0  # (one worker, in this thread, loading nothing ahead: inline.py)
+    method = "inline" if inline else start_method(loader.multiprocessing_context, loader.worker_method)
     running = Running(
         workers=1 if inline else loader.num_workers,
         num_workers=loader.num_workers,
-        method="inline" if inline else start_method(loader.multiprocessing_context, loader.worker_method),
+        method=method,
         prefetch_factor=1 if inline or loader.prefetch_factor is None else loader.prefetch_factor,
         deepen_small=not (inline or loader._prefetch_given),
         in_order=loader.in_order,
@@ -91,6 +92,7 @@ def make_plan(loader: LoaderArguments) -> Plan:
         timed=loader._stats is not None,
         persistent=loader.persistent_workers,
         ray=None if inline else ray_workers_of(loader.worker_method),
+        stagger=method == "fork" and loader.num_workers > 1 and not loader.pin_memory,
     )
     index_sampler = loader._index_sampler
     which = "batch_sampler" if loader.batch_sampler is not None else "sampler"

@@ -58,16 +58,17 @@ from ..loading.serving import worker_config
 from ..workers.protocol import EXITED, Broken, WorkerView, Workers
 
 
-def _workers_for(start_method: str, ray: Optional[RayWorkers] = None) -> Workers:
+def _workers_for(start_method: str, ray: Optional[RayWorkers] = None, stagger: bool = False) -> Workers:
     """The Workers that reach workers started this way: "inline" (num_workers=0),
-    "thread", "ray" (actors asking for ``ray``'s resources), or a process start method."""
+    "thread", "ray" (actors asking for ``ray``'s resources), or a process start
+    method (``stagger``: worker 0 first, the others once its first task is out)."""
     if start_method == "ray":
         return RayActorWorkers(ray)
     if start_method == "inline":
         return InlineWorkers()
     if start_method == "thread":
         return ThreadWorkers()
-    return WorkerPool(start_method)
+    return WorkerPool(start_method, stagger)
 
 
 class PoolExecutor:
@@ -83,7 +84,7 @@ class PoolExecutor:
         self.loading, self.running, self.base_seed = loading, running, base_seed
         self.state = Lifecycle.NEW
         self._owner_pid = os.getpid()
-        self._pool: Workers = _workers_for(running.method, running.ray)
+        self._pool: Workers = _workers_for(running.method, running.ray, running.stagger)
         self._error: Optional[BaseException] = None
         #: Workers that have not said Ready yet; nothing is delivered until none.
         self._starting: set[int] = set()
@@ -171,6 +172,7 @@ class PoolExecutor:
                     if waiting is not None:
                         return self._delivered(waiting)
                 self._dispatch.fill(len(self._reorder))
+                self._start_rest()
                 if self._dispatch.plan_done and not self._pending and not len(self._reorder):
                     self._reorder.finish()
                     # The value: where the workers' copies stand at the end (iterable datasets).
@@ -194,6 +196,14 @@ class PoolExecutor:
             waiting.batch_index, waiting.data, waiting.error, self._progress.snapshot(), timings, waiting.skipped,
             waiting.empty,
         )  # fmt: skip
+
+    def _start_rest(self) -> None:
+        """Start the workers a staggered start left, now that the first
+        tasks are in their pipes (a failure to start one is the pass's)."""
+        try:
+            self._pool.start_rest()
+        except Exception as exc:
+            self._fail(exc)
 
     # ------------------------------------------------------------- collect
     def _wait(self, deadline: Optional[float]) -> None:

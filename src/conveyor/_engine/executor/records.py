@@ -64,6 +64,10 @@ class Running:
     persistent: bool
     #: method "ray": what each worker's actor asks the cluster for (conveyor.RayWorkers).
     ray: Optional[Any] = None
+    #: Fork worker 0 alone at the start and the others once the first task
+    #: is out (workers/fleet.py): under fork, with more than one worker and
+    #: no pin thread (which would fork them while the user's thread runs).
+    stagger: bool = False
 
     @property
     def threads(self) -> bool:

@@ -34,7 +34,7 @@ from ..loading.copies import CopyState
 from ..loading.fetch import make_fetcher
 from ..transport.messages import Batch, Task
 from ..loading.serving import Serving, WorkerConfig, WorkerFds
-from .protocol import NoSlots, task_of_epoch
+from .protocol import AllAtOnce, NoSlots, task_of_epoch
 from .stacks import thread_stack
 
 
@@ -68,7 +68,7 @@ class InlineHandle:
         return thread_stack(self.thread)
 
 
-class InlineWorkers(NoSlots):
+class InlineWorkers(NoSlots, AllAtOnce):
     """One worker that loads in the caller's thread (a workers.Workers)."""
 
     #: A forked child of the user's process may go on with an inline iterator.

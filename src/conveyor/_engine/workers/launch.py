@@ -133,6 +133,10 @@ class Channels:
     def main_fds(self) -> tuple[int, int]:
         return self.tasks.fd, self.results.fd
 
+    def worker_fds(self) -> tuple[int, ...]:
+        """The worker's ends, while this process still holds them (until the worker has started)."""
+        return tuple(fd for fd in (self.worker_task_fd, self.worker_result_fd) if fd in self._open)
+
     def _close(self, fd: int) -> None:
         if fd in self._open:
             self._open.remove(fd)

@@ -1,8 +1,9 @@
 """The worker processes of one executor, and what they share: start them,
 watch them, stop them.
 
-    WorkerPool.start ──▶ slots (SlotPool) + stop flag, then WorkerHandle 0..N-1:
-                         process, pipes, stack file, tasks outstanding
+    WorkerPool.start ──▶ slots (SlotPool) + stop flag, then WorkerHandle 0..N-1
+                         (fleet.py): process, pipes, stack file, tasks outstanding;
+                         staggered: worker 0's process now, the others' at start_rest
     WorkerPool.send ───▶ tasks pickled into the task pipe (never waits: transport/wire.py)
     WorkerPool.wait ───▶ Poller: one poll over every result pipe, every sentinel, and
                          the task pipes with bytes waiting for room ──▶ messages, exits
@@ -15,31 +16,19 @@ only knows how to reach them, read them and end them (workers.Workers).
 
 from __future__ import annotations
 
-import math
 import pickle
-import select
-import time
 import warnings
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from ..errors import death_error, start_death_error
-from .launch import Channels, WorkerProcess, deliver_config, pickle_config, start_worker
-from ..transport.messages import Batch, Stop, Task
+from ..transport.messages import Batch, Task
 from ..transport.pickling import check_picklable
 from ..transport.slots import INLINE_MAX_BYTES, SlotPool, StopFlag
-from .stacks import StackFile
-from ..transport.wire import pack
-from ..loading.serving import WorkerConfig, WorkerFds
-from .poller import Event, Poller, fileno
-from .protocol import EXITED, Broken, task_of_epoch
+from ..loading.serving import WorkerFds
+from .fleet import REAP_TIMEOUT_S, Fleet, MakeConfig, WorkerHandle, stop_workers
+from .poller import Event, Poller
+from .protocol import EXITED, Broken
 
-#: After Stop, how long workers get to finish and exit before they are killed.
-#: Short: workers hold nothing that needs a graceful end, and users wait on it.
-STOP_GRACE_S = 0.5
-#: How long to wait for a killed worker to be reaped (the kernel is quick).
-REAP_TIMEOUT_S = 2.0
 #: A batch under this many bytes (its frame and its slot bytes) is small: see
 #: WorkerPool.small_batches. The size under which batches travel inline.
 SMALL_BATCH_BYTES = INLINE_MAX_BYTES
@@ -47,119 +36,6 @@ SMALL_BATCH_BYTES = INLINE_MAX_BYTES
 #: have come before any judgement.
 _SIZE_BLOCK = 64
 _SIZE_FIRST = 8
-
-
-@dataclass(eq=False)
-class WorkerHandle:
-    """The main process's view of one worker."""
-
-    id: int
-    process: WorkerProcess
-    channels: Channels
-    #: Where the worker's stack is written on a crash or on request (None without memfd).
-    stack: Optional[StackFile]
-    #: Tasks sent and not yet answered, oldest first (a worker serves them in order).
-    outstanding: deque = field(default_factory=deque)
-    #: False once its copy of an iterable dataset ran out this epoch.
-    active: bool = True
-    exited: bool = False
-    #: When it began the task in hand (time.monotonic()).
-    busy_since: float = 0.0
-    #: Ready only once it says so (it sets up in its own process).
-    ready: bool = False
-
-    @property
-    def timing_ids(self) -> tuple[int, int]:
-        """(worker id, pid) in a batch's timings."""
-        return self.id, self.process.pid
-
-    def current(self, epoch_id: int) -> Optional[Task]:
-        """The task of this epoch it is working on, if any."""
-        return task_of_epoch(self.outstanding, epoch_id)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def describe(self) -> str:
-        return f"worker {self.id} (pid {self.process.pid})"
-
-    def stack_text(self) -> str:
-        """Its Python stack, written by the worker on request (a signal; about 50 ms)."""
-        return self.stack.request(self.process.pid) if self.stack is not None else ""
-
-
-def start_workers(
-    method: str,
-    make_config: Callable[[int, WorkerFds, tuple], WorkerConfig],
-    num_workers: int,
-    stop_fd: Optional[int],
-    slot_fds: tuple,
-) -> list[WorkerHandle]:
-    """Start ``num_workers`` workers; ``make_config(worker_id, fds,
-    close_fds)`` gives each its config. Under spawn the configs are queued
-    on the task pipes, written by the poll loop as the workers read them.
-    Stops what started if anything fails."""
-    workers: list[WorkerHandle] = []
-    try:
-        for wid in range(num_workers):
-            channels = Channels()
-            stack = StackFile()
-            fds = WorkerFds(stop=stop_fd, stack=stack.fd if stack else None, slots=slot_fds)
-            close_fds = tuple(fd for w in workers for fd in w.channels.main_fds()) + channels.main_fds()
-            config = make_config(wid, fds, close_fds)
-            payload, payload_fds = pickle_config(config) if method == "spawn" else (None, ())
-            try:
-                process = start_worker(method, config, payload, channels, payload_fds)
-            except BaseException:
-                channels.close()
-                if stack is not None:
-                    stack.close()
-                raise
-            channels.close_worker_ends()
-            workers.append(WorkerHandle(wid, process, channels, stack))
-            deliver_config(method, channels, payload)
-    except BaseException:
-        stop_workers(workers)
-        raise
-    return workers
-
-
-def stop_workers(workers: list[WorkerHandle]) -> None:
-    """1. send Stop (without waiting for room; the caller has raised the shared
-    stop flag, so queued tasks are skipped); 2. drain results and wait up to
-    ``STOP_GRACE_S``; 3. kill what is left and reap it; 4. close pipes,
-    sentinels and stack files."""
-    for w in workers:  # 1
-        try:
-            w.channels.tasks.put(pack(Stop()))
-        except OSError:
-            pass
-    deadline = time.monotonic() + STOP_GRACE_S  # 2
-    running = [w for w in workers if w.process.exitcode is None]
-    ended: set[int] = set()  # result pipes that reached their end
-    while running and time.monotonic() < deadline:
-        poller = select.poll()
-        by_fd = {}
-        for w in running:
-            for fd in (fileno(w.process.sentinel), w.channels.results.fd):
-                if fd not in ended:
-                    by_fd[fd] = w
-                    poller.register(fd, select.POLLIN)
-        timeout_ms = max(1, math.ceil((deadline - time.monotonic()) * 1000))
-        for fd, _ in poller.poll(timeout_ms):
-            w = by_fd[fd]
-            if fd == w.channels.results.fd and not w.channels.results.discard():
-                ended.add(fd)
-        running = [w for w in running if w.process.exitcode is None]
-    for w in running:  # 3
-        w.process.kill()
-    for w in workers:
-        w.process.join(REAP_TIMEOUT_S)
-        w.channels.close()  # 4
-        w.process.close()
-        if w.stack is not None:
-            w.stack.close()
 
 
 class WorkerPool:
@@ -173,8 +49,14 @@ class WorkerPool:
     unavailable: batches then travel through the pipes.
     """
 
-    def __init__(self, method: str) -> None:
+    def __init__(self, method: str, stagger: bool = False) -> None:
         self.method = method
+        #: Start worker 0 alone, the others at start_rest (fork only: a
+        #: spawned worker's config must precede its tasks in its pipe).
+        self.stagger = stagger and method == "fork"
+        self._fleet: Optional[Fleet] = None
+        #: Workers a staggered start left for start_rest.
+        self._rest_left = False
         self.workers: list[WorkerHandle] = []
         self.poller = Poller()
         self.slots: Optional[SlotPool] = None
@@ -188,10 +70,10 @@ class WorkerPool:
     process_bound = True
     transports = True
 
-    def start(self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int) -> None:
+    def start(self, make_config: MakeConfig, num_workers: int, num_slots: int) -> None:
         """Check that what travels pickles (spawn, forkserver), make the
-        shared memory, start the workers and watch them; on a failure,
-        stop what started and raise."""
+        shared memory, start the workers (staggered: worker 0 only) and
+        watch them; on a failure, stop what started and raise."""
         if self.method != "fork":
             config = make_config(0, WorkerFds(), ())
             fetch = config.fetch
@@ -209,17 +91,34 @@ class WorkerPool:
             )
         try:
             self.stop_flag = StopFlag() if self.slots is not None else None
-            self.workers = start_workers(
+            self._fleet = Fleet(
                 self.method,
                 make_config,
-                num_workers,
                 self.stop_flag.fd if self.stop_flag is not None else None,
                 tuple(self.slots.fds) if self.slots is not None else (),
             )
+            self.workers = self._fleet.start(num_workers, now=1 if self.stagger else num_workers)
+            self._rest_left = self.stagger and num_workers > 1
         except BaseException:
             self.stop()
             raise
         for worker in self.workers:
+            if worker.process is not None:
+                self.poller.watch(worker)
+
+    def start_rest(self) -> None:
+        """Start the workers a staggered start left (their tasks wait in their
+        pipes) and watch them; a no-op once all have started. On a failure,
+        stop the pool and raise."""
+        if not self._rest_left or self._fleet is None:
+            return
+        self._rest_left = False
+        try:
+            started = self._fleet.start_rest(self.workers)
+        except BaseException:
+            self.stop()
+            raise
+        for worker in started:
             self.poller.watch(worker)
 
     # ------------------------------------------------------------ messages
@@ -259,7 +158,7 @@ class WorkerPool:
             self._receive(worker, arrived, to_end=True)
             worker.exited = True
             self.poller.forget(worker)
-            worker.process.join(REAP_TIMEOUT_S)
+            worker.started.join(REAP_TIMEOUT_S)
             arrived.append((worker, EXITED))
         return arrived
 
@@ -330,14 +229,14 @@ class WorkerPool:
         crashed, or what it printed if it died while starting."""
         report = worker.stack.crash_text() if worker.stack is not None else ""
         if starting:
-            return start_death_error(worker.process.pid, worker.process.exitcode, worker.id, self.method, report)
+            return start_death_error(worker.pid, worker.started.exitcode, worker.id, self.method, report)
         if what is None:
             doing = "It had no batch in hand."
         elif worker.channels.results.partial:
             doing = f"It was sending the result of {what}."
         else:
             doing = f"It was loading {what}."
-        return death_error(worker.process.pid, worker.process.exitcode, worker.id, doing, report)
+        return death_error(worker.pid, worker.started.exitcode, worker.id, doing, report)
 
     def begin_epoch(self, epoch_id: int, restore: dict) -> Optional[dict]:
         """Workers start each epoch at its first task (``Task.restore``): nothing to do now."""

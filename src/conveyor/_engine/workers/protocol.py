@@ -52,6 +52,14 @@ def task_of_epoch(outstanding: Iterable[Task], epoch_id: int) -> Optional[Task]:
     return None
 
 
+class AllAtOnce:
+    """The start of Workers that start every worker in ``start`` (inline,
+    threads, Ray actors): none is left for ``start_rest``."""
+
+    def start_rest(self) -> None:
+        pass
+
+
 class NoSlots:
     """The slots of Workers whose batches need none (inline, threads, Ray
     actors: a batch is handed over as its own arrays): none to lend."""
@@ -67,7 +75,7 @@ class NoSlots:
 
 
 class WorkerView(Protocol):
-    """The executor's view of one worker (pool.WorkerHandle, threads.ThreadHandle, inline.InlineHandle)."""
+    """The executor's view of one worker (fleet.WorkerHandle, threads.ThreadHandle, inline.InlineHandle)."""
 
     id: int
     #: Tasks sent and not yet answered, oldest first (a worker serves them in order).
@@ -112,6 +120,11 @@ class Workers(Protocol):
         """Start ``num_workers`` workers (``make_config(worker_id, fds,
         close_fds)`` gives each its WorkerConfig) and ``num_slots`` slots
         for their batches; on a failure, stop what started and raise."""
+
+    def start_rest(self) -> None:
+        """Start the workers that ``start`` left to start once the first
+        tasks are sent (a staggered start: pool.py); nothing when none is
+        left. On a failure, stop every worker and raise."""
 
     def begin_epoch(self, epoch_id: int, restore: dict[int, CopyState]) -> Optional[dict[int, CopyState]]:
         """Epoch ``epoch_id`` begins, its iterable copies continuing from

@@ -46,7 +46,7 @@ from ..loading.serving import WorkerConfig, WorkerFds
 from ..transport.messages import Batch, Fatal, Ready, Task
 from ..transport.tree import map_leaves
 from ...ray_options import RayWorkers
-from .protocol import EXITED, Broken, NoSlots, task_of_epoch
+from .protocol import AllAtOnce, EXITED, Broken, NoSlots, task_of_epoch
 from .ray_worker import LoadingActor, pickle_config
 
 #: The longest one wait on Ray blocks before the executor looks again (its
@@ -131,7 +131,7 @@ class RayHandle:
         return ""
 
 
-class RayActorWorkers(NoSlots):
+class RayActorWorkers(NoSlots, AllAtOnce):
     """The Ray actors of one executor (a workers.Workers)."""
 
     #: A forked child of the user's process is no Ray driver of these actors.

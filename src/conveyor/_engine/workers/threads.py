@@ -38,11 +38,11 @@ from ..errors import WorkerDiedError
 from ..loading.fetch import make_fetcher
 from ..info import WorkerInfo
 from ..transport.messages import Batch, Ready, Task
-from .pool import STOP_GRACE_S
+from .fleet import STOP_GRACE_S
 from ..torch_hook import when_torch_loads
 from ..loading.serving import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
 from ...rng import thread_sample_random
-from .protocol import EXITED, NoSlots, task_of_epoch
+from .protocol import AllAtOnce, EXITED, NoSlots, task_of_epoch
 from .stacks import thread_stack
 
 
@@ -83,7 +83,7 @@ class ThreadHandle:
         return thread_stack(self.thread.ident if self.thread is not None else None)
 
 
-class ThreadWorkers(NoSlots):
+class ThreadWorkers(NoSlots, AllAtOnce):
     """The worker threads of one executor (a workers.Workers)."""
 
     #: A forked child of the user's process finds no thread of this pool there.
