@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..transport.slots import SlotWriter
+from ..transport.slots import SlotWriter, StopFlag
 from ..transport.tree import map_leaves_at
 
 #: numpy dtype kinds placed in rows (what default_collate stacks as they are).
@@ -57,10 +57,14 @@ class RowPlacer(SlotAllocator):
     waits for), leaves that fill themselves are filled after the samples are
     made, shared out over that many threads (their fills release the GIL:
     decoding), before collate sees any row; with 0 (another worker's batch
-    meanwhile), by one thread at a lower CPU priority (``_BACKGROUND_NICE``)."""
+    meanwhile), by one thread at a lower CPU priority (``_BACKGROUND_NICE``).
+    With ``fill_threads`` > 1 and the pool's ``flags``, the first such leaf
+    also tells the other workers to hold their first batches until this one
+    is done (StopFlag.filling; the worker clears it)."""
 
-    def __init__(self, writer: SlotWriter, batch_size: int, fill_threads: int = 1):
+    def __init__(self, writer: SlotWriter, batch_size: int, fill_threads: int = 1, flags: Optional[StopFlag] = None):
         super().__init__(writer)
+        self._flags = flags if fill_threads > 1 else None
         self._batch_size = batch_size
         self._buffers: dict[tuple, np.ndarray] = {}
         #: id(row view) -> (row view, buffer, row number)
@@ -109,6 +113,9 @@ class RowPlacer(SlotAllocator):
         if row is None:
             return value
         if self._fill_threads != 1:
+            if self._flags is not None:
+                self._flags.filling(True)
+                self._flags = None
             self._pending.append((value, row))
         else:
             value.fill_into(row)

@@ -41,7 +41,7 @@ from .reads import EmptyBatch
 from ..transport.messages import Batch, Exhausted, Fatal, LoadTimes, Task, TaskFailed
 from .rows import RowPlacer, SlotAllocator
 from ..transport.encoding import encode
-from ..transport.slots import SlotWriter
+from ..transport.slots import SlotWriter, StopFlag
 from ..transport.wire import pack
 from ...rng import global_generator_states, restore_global_generators, thread_sample_random
 
@@ -173,9 +173,12 @@ class Ending(Exception):
 class Serving:
     """Loads one task at a time into a result message."""
 
-    def __init__(self, config: WorkerConfig, fetcher: Any):
+    def __init__(self, config: WorkerConfig, fetcher: Any, flags: Optional[StopFlag] = None):
         self.config = config
         self.fetcher = fetcher
+        #: The pool's shared flags (a worker process with slots), where an
+        #: epoch's first batch says that it fills with every core.
+        self._flags = flags
         self._epoch_id: Optional[int] = None
         self._noted = False
         self._cpu = ThreadClock()
@@ -258,7 +261,7 @@ class Serving:
             clock = StageClock() if config.timed else None
             if clock is not None:
                 self._cpu.begin(clock.started_at)
-            allocate = None if config.place is Place.INLINE else _allocator(config.fetch, task, writer)
+            allocate = None if config.place is Place.INLINE else _allocator(config.fetch, task, writer, self._flags)
             data = fetch_seeded(fetcher, task.indices, task.seed, allocate, clock, config.place is not Place.THREAD)
             used = size = 0
             if writer is not None:
@@ -291,7 +294,7 @@ class Serving:
         return message if state is None else dataclasses.replace(message, worker_state=state)
 
 
-def _allocator(spec: FetchSpec, task: Task, writer: Optional[SlotWriter]) -> Any:
+def _allocator(spec: FetchSpec, task: Task, writer: Optional[SlotWriter], flags: Optional[StopFlag] = None) -> Any:
     """Where collate puts arrays: conveyor's own collate writes numpy leaves
     straight into the slot (samples placed row by row when it can); the main
     process converts to torch if the user asked for tensors. None for a
@@ -302,5 +305,5 @@ def _allocator(spec: FetchSpec, task: Task, writer: Optional[SlotWriter]) -> Any
     if writer is None:
         return allocate_batch
     if spec.auto_collation and spec.kind.places_rows:
-        return RowPlacer(writer, len(task.indices), task.fill_threads)
+        return RowPlacer(writer, len(task.indices), task.fill_threads, flags)
     return SlotAllocator(writer)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -63,6 +64,10 @@ _KEEP_MAPPED_MAX_BYTES = 64 << 20
 RELEASE_ABOVE_BYTES = 256 << 20
 #: Map slots with their pages in place (one call instead of a fault per page).
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+#: How often a worker holding its first batch looks whether the batch it
+#: waits for is done (StopFlag.wait_while_filling): a wake-up costs
+#: microseconds, and the wait is tens of milliseconds.
+_FILLING_POLL_S = 0.0005
 #: numpy dtype kinds that can live in shared memory.
 PLAIN_KINDS = "biufcmM"
 
@@ -157,7 +162,9 @@ class SlotWriter:
         return self._offset
 
     def _grow(self, needed: int) -> None:
-        new_size = _round_up(max(needed, int(self.size * _GROWTH_FACTOR)), mmap.PAGESIZE)
+        # (an eighth more than needed: room for the small leaves that follow a
+        # big one, labels after images, without growing twice for one batch)
+        new_size = _round_up(max(needed + needed // 8, int(self.size * _GROWTH_FACTOR)), mmap.PAGESIZE)
         try:
             resize_shared_file(self.fd, new_size)
         except OSError as exc:
@@ -206,9 +213,13 @@ class SlotWriter:
 
 
 class StopFlag:
-    """One shared byte by which the main process tells every worker to stop
-    before its next task, without waiting behind the tasks already queued in
-    its pipe. The main process creates it and sets it; workers only read it."""
+    """One shared page of flags. Byte 0: the main process tells every worker
+    to stop before its next task, without waiting behind the tasks already
+    queued in its pipe (the main process creates it and sets it; workers
+    only read it). Byte 1: the worker filling an epoch's first batch with a
+    thread per core says so (``filling``), and the other workers hold their
+    own first batch until it is done (``wait_while_filling``), so that the
+    batch the loop waits for has every core."""
 
     def __init__(self, fd: Optional[int] = None):
         self.owner = fd is None
@@ -226,6 +237,23 @@ class StopFlag:
 
     def is_set(self) -> bool:
         return self._map[0] == 1
+
+    def filling(self, on: bool) -> None:
+        """(A worker) it is filling an epoch's first batch with every core (``on``), or no longer."""
+        self._map[1] = 1 if on else 0
+
+    def wait_while_filling(self, limit_s: float) -> bool:
+        """(A worker) wait while another fills an epoch's first batch with every
+        core, at most ``limit_s``, and not once the stop flag is up; whether
+        it waited until that batch was done."""
+        if self._map[1] == 0:
+            return False
+        deadline = time.monotonic() + limit_s
+        while self._map[1] and not self._map[0]:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_FILLING_POLL_S)
+        return not self._map[0]
 
     def close(self) -> None:
         """Let go of the map (which holds a descriptor of its own) and, for

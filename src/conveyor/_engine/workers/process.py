@@ -57,6 +57,11 @@ _MALLOC_TRIM_THRESHOLD_BYTES = 256 << 20
 #: Allocations below this come from the reusable heap, not a fresh mmap.
 _MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
 
+#: The longest a worker holds its first batch of an epoch while another
+#: fills the epoch's first batch with every core (StopFlag.wait_while_filling):
+#: that takes tens of milliseconds; the bound only keeps a slow one from
+#: holding the others for long.
+FIRST_BATCH_HOLD_S = 1.0
 #: How often a worker checks that its parent is alive. Short enough that
 #: workers of a killed main process are gone well within a second.
 _PARENT_POLL_S = 0.1
@@ -144,7 +149,7 @@ def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
         return 0
     writers = [SlotWriter(fd) for fd in config.fds.slots]
     stop = StopFlag(config.fds.stop) if config.fds.stop is not None else None
-    serving = Serving(config, fetcher)
+    serving = Serving(config, fetcher, stop)
     while True:
         try:
             payload = read_frame(task_fd)
@@ -158,10 +163,15 @@ def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
             if isinstance(task, Stop) or (stop is not None and stop.is_set()):
                 return 0
             writer = writers[task.slot] if task.slot is not None else None
+            if task.fill_threads == 0 and stop is not None and stop.wait_while_filling(FIRST_BATCH_HOLD_S):
+                task.fill_threads = 1  # (the first batch is done: no need to stay out of its way)
             try:
                 result = serving.serve(task, writer)
             except Ending as ending:
                 return _send_fatal(result_fd, ending.fatal)
+            finally:
+                if task.fill_threads > 1 and stop is not None:
+                    stop.filling(False)
             if not _send(result_fd, result):
                 return 0
 
