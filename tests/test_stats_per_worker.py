@@ -26,7 +26,7 @@ import pytest
 import conveyor
 from conveyor import DataLoader
 from conveyor._engine.executor.records import Delivered, Timings
-from conveyor._engine.workers import ray_actors
+from conveyor._engine.workers import nodes
 from conveyor.stats import StatsRecorder
 from conveyor.stats.table import MAX_WORKER_LINES
 from conveyor.stats.workers import LOCAL
@@ -141,11 +141,9 @@ def recorded(batches: list[tuple[int, int]], errors: int = 0, gap_s: float = 0.0
 @pytest.fixture
 def two_nodes():
     """Two Ray nodes other than this one, as RayActorWorkers names them: timing pid -> node."""
-    pids = {-900_001: "10.0.0.1 (node aaaaaaaa)", -900_002: "10.0.0.2 (node bbbbbbbb)"}
-    ray_actors.REMOTE_NODES.update(pids)
-    yield list(pids)
-    for pid in pids:
-        ray_actors.REMOTE_NODES.pop(pid)
+    pids = [nodes.remote_timing_pid("aaaaaaaa" * 7, "10.0.0.1", 900), nodes.remote_timing_pid("bbbbbbbb" * 7, "10.0.0.2", 900)]
+    assert [nodes.node_of(pid) for pid in pids] == ["10.0.0.1 (node aaaaaaaa)", "10.0.0.2 (node bbbbbbbb)"]
+    yield pids
 
 
 def test_a_worker_moved_to_another_node_counts_each_batch_where_it_was_loaded(two_nodes):

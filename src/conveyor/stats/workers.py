@@ -12,8 +12,8 @@ moves. The pid says the node: a worker process, a worker thread (the main
 process's pid), the main process itself (``num_workers=0``: worker id -1,
 pid 0 in the record) and a Ray actor on the training process's node are
 all on this machine, the node ``LOCAL``; a Ray actor on another node has
-a negative pid of its own per node, and ``ray_actors.REMOTE_NODES`` names
-that node "address (node 1a2b3c4d)" (the first 8 hex digits of Ray's node id).
+a negative pid of its own per node, by which ``_engine/workers/nodes.py``
+names that node "address (node 1a2b3c4d)" (the first 8 hex digits of Ray's node id).
 
 A worker is counted per (worker id, node): one started again on the same
 node (each pass's workers, a worker restarted) keeps its record, with its
@@ -39,17 +39,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from .._engine.workers.ray_actors import REMOTE_NODES
-
-#: The node of every worker on this machine, the training process's.
-LOCAL = "local"
-#: The node of a worker on another node whose name is not known (not expected: Ray names each).
-UNKNOWN_NODE = "another node"
-
-
-def node_of(timing_pid: int) -> str:
-    """The node a batch with this timing pid was loaded on."""
-    return LOCAL if timing_pid >= 0 else REMOTE_NODES.get(timing_pid, UNKNOWN_NODE)
+from .._engine.workers.nodes import LOCAL as LOCAL, node_of as node_of  # (the stats' and the trace's words for nodes)
 
 
 def _share(part: float, whole: float) -> float:

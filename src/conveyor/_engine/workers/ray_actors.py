@@ -30,12 +30,9 @@ actors: the core never needs Ray.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import sys
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -46,7 +43,9 @@ from ..loading.serving import WorkerConfig, WorkerFds
 from ..transport.messages import Batch, Fatal, Ready, Task
 from ..transport.tree import map_leaves
 from ...ray_options import RayWorkers
-from .protocol import AllAtOnce, EXITED, Broken, NoSlots, task_of_epoch
+from .nodes import remote_timing_pid
+from .ray_handle import RayHandle
+from .protocol import AllAtOnce, EXITED, Broken, NoSlots
 from .ray_worker import LoadingActor, pickle_config
 
 #: The longest one wait on Ray blocks before the executor looks again (its
@@ -56,12 +55,6 @@ _WAIT_SLICE_S = 1.0
 _GET_TIMEOUT_S = 120.0
 #: After a stop, how long to wait for this node's actor processes to end.
 _STOP_WAIT_S = 5.0
-#: Workers on other nodes: a negative timing pid per (node id, worker id) for this process's
-#: life, and the node each stands for, "address (node 1a2b3c4d)" (read by the stats; written here only).
-_REMOTE_PIDS: dict[tuple[str, int], int] = {}
-REMOTE_NODES: dict[int, str] = {}
-_REMOTE_COUNT = itertools.count(1)
-
 
 def _import_ray() -> Any:
     try:
@@ -77,58 +70,6 @@ def _lost_errors(ray: Any) -> tuple:
     """Ray's errors for an actor, its process or its node gone."""
     found = ray.exceptions
     return (found.RayActorError, found.ObjectLostError, found.WorkerCrashedError, found.NodeDiedError)
-
-
-@dataclass(eq=False)
-class RayHandle:
-    """The executor's view of one Ray actor worker (a workers.WorkerView)."""
-
-    id: int
-    actor: Any = None
-    outstanding: deque = field(default_factory=deque)
-    active: bool = True
-    exited: bool = False
-    busy_since: float = 0.0
-    ready: bool = False
-    #: (Task, ObjectRef) sent and not answered yet, in the order sent.
-    calls: deque = field(default_factory=deque)
-    #: The ref of its set-up until it answers, and by when it must.
-    setting_up: Any = None
-    start_by: float = 0.0
-    process_id: int = 0
-    node_id: str = ""
-    node_address: str = ""
-    #: On the training process's node: its pid and clock are this machine's.
-    on_this_node: bool = True
-    remote_pid: int = 0  # (its timing pid on another node)
-    #: How it was lost, in Ray's words ("" while it runs).
-    lost: str = ""
-    #: Started again in place of a lost actor (its Ready is not news to the executor).
-    restarted: bool = False
-
-    @property
-    def pid(self) -> int:
-        return self.process_id
-
-    @property
-    def timing_ids(self) -> tuple[int, int]:
-        """(worker id, pid); on another node no pid here, but a negative one of its own per node (REMOTE_NODES):
-        the stats skip it when they read this machine's processes, and the trace gives it a lane of its own."""
-        return self.id, self.process_id if self.on_this_node else self.remote_pid
-
-    def current(self, epoch_id: int) -> Optional[Task]:
-        return task_of_epoch(self.outstanding, epoch_id)
-
-    def where(self) -> str:
-        if not self.node_id:
-            return "Ray actor, not placed yet"
-        return f"Ray actor, pid {self.process_id} on node {self.node_address} (node id {self.node_id})"
-
-    def describe(self) -> str:
-        return f"worker {self.id} ({self.where()})"
-
-    def stack_text(self) -> str:
-        return ""
 
 
 class RayActorWorkers(NoSlots, AllAtOnce):
@@ -249,8 +190,7 @@ class RayActorWorkers(NoSlots, AllAtOnce):
             worker.process_id, worker.node_id, worker.node_address = pid, node_id, address
             worker.on_this_node = node_id == self._here
             if not worker.on_this_node:
-                worker.remote_pid = _REMOTE_PIDS.setdefault((node_id, worker.id), -next(_REMOTE_COUNT))
-                REMOTE_NODES[worker.remote_pid] = f"{address} (node {node_id[:8]})"
+                worker.remote_pid = remote_timing_pid(node_id, address, worker.id)
             worker.ready = isinstance(message, Ready)
             if not (worker.ready and worker.restarted):  # (a restart's Ready would count as a new start-up)
                 arrived.append((worker, message))
