@@ -163,8 +163,11 @@ def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
             if isinstance(task, Stop) or (stop is not None and stop.is_set()):
                 return 0
             writer = writers[task.slot] if task.slot is not None else None
-            if task.fill_threads == 0 and stop is not None and stop.wait_while_filling(FIRST_BATCH_HOLD_S):
-                task.fill_threads = 1  # (the first batch is done: no need to stay out of its way)
+            if task.fill_threads == 0 and stop is not None:
+                if stop.wait_while_filling(FIRST_BATCH_HOLD_S):
+                    task.fill_threads = 1  # (the first batch is done: no need to stay out of its way)
+                elif stop.is_set():
+                    return 0  # (stopped while it held)
             try:
                 result = serving.serve(task, writer)
             except Ending as ending:
