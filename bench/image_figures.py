@@ -86,6 +86,17 @@ IMAGES: dict[str, Callable[[dict], str]] = {
     "previous.first.vs_spdl": lambda d: times(
         d["previous_run"]["first_batch_s"]["median"]["conveyor_images"] / d["previous_run"]["first_batch_s"]["median"]["spdl"]
     ),
+    "previous.first.vs_dali": lambda d: times(
+        d["previous_run"]["first_batch_s"]["median"]["conveyor_images"] / d["previous_run"]["first_batch_s"]["median"]["dali_cpu"]
+    ),
+    "previous.first.conveyor": lambda d: seconds(d["previous_run"]["first_batch_s"]["median"]["conveyor_images"], 3),
+    "first.conveyor": lambda d: seconds(d["first_batch_s"]["median"]["conveyor_images"], 3),
+    "ceiling.imagenet.vs_pillow": lambda d: times(
+        d["ceilings_imagenet_sized"]["median"]["conveyor_images"] / d["ceilings_imagenet_sized"]["median"]["pillow"]
+    ),
+    "ceiling.large.vs_pillow": lambda d: times(
+        d["ceilings_large_photos"]["median"]["conveyor_images"] / d["ceilings_large_photos"]["median"]["pillow"]
+    ),
     "first.vs_spdl": lambda d: times(d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["spdl"]),
     "first.vs_dali": lambda d: times(d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["dali_cpu"]),
     "first.vs_ffcv": lambda d: times(d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["ffcv"]),
