@@ -27,17 +27,6 @@ pytestmark = pytest.mark.timeout(120)
 WAIT_S = 60.0
 
 
-class Ints:
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
 def record_worker(log_dir: str, worker_id: int) -> None:
     """worker_init_fn: leave ``<log_dir>/worker<id>`` holding this worker's pid."""
     path = os.path.join(log_dir, f"worker{worker_id}")
@@ -61,7 +50,7 @@ def new_workers(before: set) -> list[int]:
 def test_under_fork_worker_0_starts_with_the_loader_and_the_others_with_the_first_task(tmp_path):
     before = procutil.pids()
     loader = conveyor.DataLoader(
-        Ints(12), batch_size=2, num_workers=3, multiprocessing_context="fork",
+        list(range(12)), batch_size=2, num_workers=3, multiprocessing_context="fork",
         worker_init_fn=functools.partial(record_worker, str(tmp_path)),
     )  # fmt: skip
     it = iter(loader)
@@ -80,7 +69,7 @@ def test_spawned_workers_and_a_pin_thread_start_every_worker_with_the_loader(tmp
     user's thread runs: every worker starts in iter(loader)."""
     before = procutil.pids()
     loader = conveyor.DataLoader(
-        Ints(8), batch_size=2, num_workers=2, multiprocessing_context="spawn" if how == "spawn" else "fork",
+        list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="spawn" if how == "spawn" else "fork",
         pin_memory=how == "pin_memory", worker_init_fn=functools.partial(record_worker, str(tmp_path)),
     )  # fmt: skip
     with pytest.warns(UserWarning) if how == "pin_memory" else _nothing():
@@ -105,7 +94,7 @@ def test_an_iterator_dropped_before_its_first_batch_leaves_no_process_and_no_des
     """The workers not started yet have pipes and stack files: closed with the
     pool (the autouse leak check also counts descriptors)."""
     before = procutil.pids()
-    loader = conveyor.DataLoader(Ints(8), batch_size=2, num_workers=3, multiprocessing_context="fork")
+    loader = conveyor.DataLoader(list(range(8)), batch_size=2, num_workers=3, multiprocessing_context="fork")
     it = iter(loader)
     del it, loader
     assert not procutil.wait_until_gone(procutil.new_descendants(before), timeout_s=WAIT_S)
@@ -124,7 +113,7 @@ def test_a_worker_that_cannot_start_after_the_first_task_fails_the_pass(monkeypa
 
     monkeypatch.setattr(fleet, "start_worker", start_worker)
     before = procutil.pids()
-    loader = conveyor.DataLoader(Ints(8), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    loader = conveyor.DataLoader(list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="fork")
     it = iter(loader)
     with pytest.raises(OSError, match="Resource temporarily unavailable") as caught:
         next(it)
