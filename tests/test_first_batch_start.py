@@ -10,6 +10,7 @@ import errno
 import functools
 import os
 import time
+import types
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import pytest
 import conveyor
 from conveyor.collate import register_collate
 from conveyor._engine.loading.rows import RowPlacer
+from conveyor._engine.transport import slots
 from conveyor._engine.transport.slots import StopFlag
 from conveyor._engine.workers import fleet
 
@@ -172,7 +174,9 @@ def test_the_first_batch_says_it_fills_with_every_core_only_when_it_has_leaves_t
 
 def test_a_held_worker_goes_on_once_the_first_batch_is_done_or_the_loader_stops(flags):
     """Across processes: a forked child holds while the flag is up, and
-    answers True once it is cleared; the stop flag ends the hold with False."""
+    answers True once it is cleared; the stop flag ends the hold with False.
+    The flag is cleared (or the stop raised) only once the child says it is
+    inside the hold (each of its polls writes "W"), whatever the machine's speed."""
     for end_with_stop in (False, True):
         flags.filling(True)
         read_fd, write_fd = os.pipe()
@@ -180,17 +184,26 @@ def test_a_held_worker_goes_on_once_the_first_batch_is_done_or_the_loader_stops(
         if pid == 0:  # the held worker
             os.close(read_fd)
             try:
+                real_sleep = time.sleep
+
+                def sleep(seconds):
+                    os.write(write_fd, b"W")
+                    real_sleep(seconds)
+
+                slots.time = types.SimpleNamespace(monotonic=time.monotonic, sleep=sleep)  # (the child's copy only)
                 waited = flags.wait_while_filling(WAIT_S)
                 os.write(write_fd, b"T" if waited else b"F")
             finally:
                 os._exit(0)
         os.close(write_fd)
-        time.sleep(0.05)
+        assert os.read(read_fd, 1) == b"W"  # it holds
         if end_with_stop:
             flags.set()
         else:
             flags.filling(False)
-        answer = os.read(read_fd, 1)
+        answer = b"W"
+        while answer == b"W":
+            answer = os.read(read_fd, 1)
         os.close(read_fd)
         os.waitpid(pid, 0)
         assert answer == (b"F" if end_with_stop else b"T")
