@@ -235,3 +235,20 @@ def test_batches_are_the_same_with_the_hold_for_any_number_of_workers(persistent
     expected = epochs(0)
     for workers in (1, 2, 3):
         assert epochs(workers) == expected
+
+
+def test_the_workers_start_time_leaves_out_the_wait_between_iter_and_the_first_next():
+    """worker_start_s counts only the time conveyor spent starting them: all
+    of it lies within iter() and the first next(), however long the loop
+    waited between the two."""
+    loader = conveyor.DataLoader(list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="fork", collect_stats=True)
+    called = time.perf_counter()
+    it = iter(loader)
+    in_iter = time.perf_counter() - called
+    time.sleep(0.5)  # (the loop doing something else)
+    called = time.perf_counter()
+    next(it)
+    in_next = time.perf_counter() - called
+    list(it)
+    started = loader.stats().worker_start_s
+    assert started is not None and 0 < started <= in_iter + in_next

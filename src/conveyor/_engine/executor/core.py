@@ -96,7 +96,10 @@ class PoolExecutor:
         self._pending = self._dispatch.pending
         self._reorder = ReorderBuffer(running.in_order)
         self._progress: Any = NoCopies()  # (where an iterable's copies stand: kinds.py)
-        self._started_at = 0.0
+        #: When the workers began to start, and when start() returned (a
+        #: staggered start resumes at the first next(): the time between is
+        #: the user's, not start-up's).
+        self._started_at = self._start_returned_at = 0.0
         #: Seconds the workers took to be ready, until a delivered batch carries it.
         self._ready_s: Optional[float] = None
 
@@ -112,6 +115,7 @@ class PoolExecutor:
             raise
         self._starting = {worker.id for worker in self._workers if not worker.ready}
         self.state = Lifecycle.RUNNING
+        self._start_returned_at = perf_counter()
 
     @property
     def _workers(self) -> list[WorkerView]:
@@ -200,10 +204,13 @@ class PoolExecutor:
     def _start_rest(self) -> None:
         """Start the workers a staggered start left, now that the first
         tasks are in their pipes (a failure to start one is the pass's)."""
+        resumed_at = perf_counter()
         try:
-            self._pool.start_rest()
+            started = self._pool.start_rest()
         except Exception as exc:
             self._fail(exc)
+        if started:  # (workers_ready_s leaves out the wait between iter() and the first next())
+            self._started_at += resumed_at - self._start_returned_at
 
     # ------------------------------------------------------------- collect
     def _wait(self, deadline: Optional[float]) -> None:

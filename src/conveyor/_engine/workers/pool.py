@@ -106,12 +106,12 @@ class WorkerPool:
             if worker.process is not None:
                 self.poller.watch(worker)
 
-    def start_rest(self) -> None:
+    def start_rest(self) -> bool:
         """Start the workers a staggered start left (their tasks wait in their
-        pipes) and watch them; a no-op once all have started. On a failure,
-        stop the pool and raise."""
+        pipes) and watch them; whether any started (none once all have). On
+        a failure, stop the pool and raise."""
         if not self._rest_left or self._fleet is None:
-            return
+            return False
         self._rest_left = False
         try:
             started = self._fleet.start_rest(self.workers)
@@ -120,6 +120,7 @@ class WorkerPool:
             raise
         for worker in started:
             self.poller.watch(worker)
+        return bool(started)
 
     # ------------------------------------------------------------ messages
     @property

@@ -56,8 +56,8 @@ class AllAtOnce:
     """The start of Workers that start every worker in ``start`` (inline,
     threads, Ray actors): none is left for ``start_rest``."""
 
-    def start_rest(self) -> None:
-        pass
+    def start_rest(self) -> bool:
+        return False
 
 
 class NoSlots:
@@ -121,10 +121,11 @@ class Workers(Protocol):
         close_fds)`` gives each its WorkerConfig) and ``num_slots`` slots
         for their batches; on a failure, stop what started and raise."""
 
-    def start_rest(self) -> None:
+    def start_rest(self) -> bool:
         """Start the workers that ``start`` left to start once the first
-        tasks are sent (a staggered start: pool.py); nothing when none is
-        left. On a failure, stop every worker and raise."""
+        tasks are sent (a staggered start: pool.py); whether any started
+        (none is left after the first call). On a failure, stop every
+        worker and raise."""
 
     def begin_epoch(self, epoch_id: int, restore: dict[int, CopyState]) -> Optional[dict[int, CopyState]]:
         """Epoch ``epoch_id`` begins, its iterable copies continuing from
