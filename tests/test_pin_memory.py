@@ -6,7 +6,10 @@ This machine has no GPU, so the accelerator is simulated: torch.accelerator
 returns a copy.
 """
 
+import os
+import sys
 import threading
+import time
 import warnings
 
 import pytest
@@ -14,6 +17,8 @@ import torch
 import torch.utils.data as tud
 
 import conveyor.torch as ct
+from conveyor._engine.executor.pin import PinThread
+from conveyor._engine.executor.records import Interrupted
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,3 +96,147 @@ def test_pin_memory_device_is_deprecated_as_in_torch():
     ours, theirs = _warnings_of_first_batch(ct), _warnings_of_first_batch(tud)
     assert ours == theirs
     assert any("pin_memory_device is deprecated" in w for w in ours)
+
+
+# --------------------------------------------- one thread inside the executor
+
+
+def _fds_named(part):
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:  # (the listing's own descriptor, closed meanwhile)
+            continue
+        if part in target:
+            found.append(target)
+    return found
+
+
+def test_abandoned_iterators_stop_their_workers_with_the_pin_thread_out_of_the_executor(fake_accelerator, monkeypatch):
+    """Leaving a pass early shuts its workers down while the pin thread may be
+    sending them tasks: the pin thread must be out of the executor first
+    (once, two threads wrote the same task pipe, and the stop failed half way,
+    leaving processes and shared memory behind)."""
+    raised = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: raised.append(repr(report.exc_value)))
+    before = len(_fds_named("memfd:conveyor"))
+    loader = ct.DataLoader(Pairs(), batch_size=2, num_workers=2, pin_memory=True)
+    for _ in range(40):
+        for _ in loader:
+            break
+    assert raised == []
+    assert len(_fds_named("memfd:conveyor")) == before
+    assert not [t for t in threading.enumerate() if t.name == "conveyor-pin-memory"]
+
+
+class _Executor:
+    """Stands for the executor: next_batch waits until called off, and
+    records whether shutdown came while a thread was inside it."""
+
+    def __init__(self, inside_hook=None):
+        self.inside = threading.Event()
+        self.shutdown_while_inside = None
+        self.shutdown_thread = None
+        self.inside_hook = inside_hook
+
+    def next_batch(self, until):
+        self.inside.set()
+        try:
+            if self.inside_hook is not None:
+                self.inside_hook()
+            while not until.wait(0.01):
+                pass
+            raise Interrupted
+        finally:
+            self.inside.clear()
+
+    def shutdown(self):
+        self.shutdown_while_inside = self.inside.is_set()
+        self.shutdown_thread = threading.current_thread().name
+
+
+def test_closing_calls_the_wait_off_and_shuts_down_only_once_the_thread_is_out():
+    executor = _Executor()
+    pin = PinThread(executor.next_batch, 2, pin=lambda batch: batch)
+    assert executor.inside.wait(10)
+    pin.close(then=executor.shutdown)
+    assert executor.shutdown_while_inside is False
+    assert executor.shutdown_thread == threading.current_thread().name
+    assert not [t for t in threading.enumerate() if t.name == "conveyor-pin-memory"]
+
+
+def test_closing_from_the_pin_thread_itself_shuts_down_as_it_leaves_the_executor():
+    """A finalizer may run in the pin thread (a garbage collection there)
+    while it is inside the executor: the shutdown waits until it is out."""
+    holder = {}
+    made = threading.Event()
+
+    def finalizer():
+        assert made.wait(10)
+        holder["pin"].close(then=executor.shutdown)
+
+    executor = _Executor(inside_hook=finalizer)
+    holder["pin"] = pin = PinThread(executor.next_batch, 2, pin=lambda batch: batch)
+    made.set()
+    with pytest.raises(RuntimeError, match="has been shut down"):
+        pin.next_batch()
+    assert executor.shutdown_while_inside is False
+    assert executor.shutdown_thread == "conveyor-pin-memory"
+
+
+def test_a_later_iter_takes_persistent_workers_over_from_the_pin_thread(fake_accelerator, monkeypatch):
+    """Two pin threads must never drive the same persistent workers: the
+    earlier pass's stops, and its next() says why."""
+    raised = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: raised.append(repr(report.exc_value)))
+    loader = ct.DataLoader(Pairs(), batch_size=2, num_workers=2, pin_memory=True, persistent_workers=True)
+    for _ in range(20):
+        earlier = iter(loader)
+        assert next(earlier)["y"].tolist() == [0, 1]
+        later = iter(loader)
+        assert [b["y"].tolist() for b in later] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
+        with pytest.raises(RuntimeError, match="a later iter\\(loader\\) takes the workers over"):
+            for _ in range(10):  # (batches it had pinned before the hand-over come first)
+                next(earlier)
+    assert raised == []
+    assert len([t for t in threading.enumerate() if t.name == "conveyor-pin-memory"]) == 0
+
+
+class _Many:
+    def __len__(self):
+        return 10**6
+
+    def __getitem__(self, i):
+        return i
+
+
+def test_a_shutdown_from_another_thread_waits_for_the_one_inside_the_executor(monkeypatch):
+    """Whatever closes a pass (here its finalizer, as a garbage collection in
+    another thread would run it) while a thread is busy inside the executor:
+    that thread is told the pass was shut down, and the workers stop once it
+    is out, with nothing left behind (once, both wrote the same task pipe)."""
+    raised = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: raised.append(repr(report.exc_value)))
+    before = len(_fds_named("memfd:conveyor"))
+    for attempt in range(25):
+        it = iter(ct.DataLoader(_Many(), batch_size=1, num_workers=2))
+        next(it)
+        outcome = []
+
+        def drive():
+            try:
+                while True:
+                    next(it)
+            except BaseException as exc:  # noqa: B036 (the test reads what ended the loop)
+                outcome.append(exc)
+
+        driver = threading.Thread(target=drive)
+        driver.start()
+        time.sleep(attempt * 0.002)  # (the close lands at a different step of the driver's each time)
+        it._close()
+        driver.join(30)
+        assert not driver.is_alive()
+        assert len(outcome) == 1 and "has been shut down" in str(outcome[0]), outcome
+    assert raised == []
+    assert len(_fds_named("memfd:conveyor")) == before

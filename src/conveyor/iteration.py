@@ -94,6 +94,15 @@ class LoaderIterator:
     def __iter__(self) -> "LoaderIterator":
         return self
 
+    def hand_over_workers(self) -> None:
+        """A later ``iter(loader)`` takes the persistent workers over: this
+        pass's pin thread stops driving them (its next() then says so).
+        Without a pin thread the workers are driven from the caller's
+        thread, and this pass goes on with the newer pass's batches, as
+        torch's one reset iterator does."""
+        if self._pin_thread is not None:
+            self._pin_thread.close()
+
     def __next__(self) -> Any:
         torch = sys.modules.get("torch")
         if torch is not None and _profiling(torch):  # (checked per call: torch may be imported late)
@@ -272,9 +281,8 @@ def _close_iteration(
     if stats is not None:
         stats.abandon_pass(pass_id)
     progress.iterating = False
+    shutdown = executor.shutdown if executor is not None else None
     if pin_thread is not None:
-        pin_thread.request_stop()
-    if executor is not None:
-        executor.shutdown()
-    if pin_thread is not None:
-        pin_thread.close()
+        pin_thread.close(then=shutdown)  # (the pin thread out of the executor first: pin.py)
+    elif shutdown is not None:
+        shutdown()

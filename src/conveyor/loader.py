@@ -195,6 +195,8 @@ class DataLoader(Generic[T_co]):
         self.persistent_workers = persistent_workers
         self._executor: Optional[PoolExecutor] = None
         self._finalizer: Optional[weakref.finalize] = None
+        #: The latest pass over persistent workers (a later one takes them over).
+        self._latest_pass: Optional[weakref.ref] = None
         self._IterableDataset_len_called: Optional[int] = None
         #: Epochs, base seeds and resumable state (conveyor.state).
         self._tracker = _state.ResumeTracker()
@@ -366,6 +368,9 @@ class DataLoader(Generic[T_co]):
         (persistent workers are the loader's)."""
         if not plan.keeps_base_seed:
             return _started(PoolExecutor(plan.loading, plan.running, base_seed)), True
+        latest = self._latest_pass() if self._latest_pass is not None else None
+        if latest is not None:
+            latest.hand_over_workers()
         if self._executor is None or self._executor.broken:
             if self._finalizer is not None:
                 self._finalizer()  # stops the broken pool and forgets it
@@ -381,7 +386,10 @@ class DataLoader(Generic[T_co]):
         start = self._tracker.begin(_state.LoaderView.of(plan))  # the base seed is drawn before the sampler draws, as torch
         indices = iter(plan.sampling.index_sampler)
         executor, owned = self._executor_for(plan, start.base_seed)
-        return LoaderIterator(self, executor, owned, start, indices, plan, started_at)
+        iterator = LoaderIterator(self, executor, owned, start, indices, plan, started_at)
+        if not owned:
+            self._latest_pass = weakref.ref(iterator)
+        return iterator
 
     def _warn_pin_memory(self) -> bool:
         """Whether this pass's batches will be pinned (executor/pin.py's

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 import time
 import warnings
 from functools import partial
@@ -41,7 +42,7 @@ from ..errors import describe_indices, live_workers_error
 from .results import batch_arrived, task_error
 from . import failing
 from .dispatch import Dispatcher
-from .records import Delivered, Lifecycle, Running
+from .records import INTERRUPT_CHECK_S, SHUTDOWN_WAIT_S, Delivered, Interrupted, Lifecycle, Running
 from ..loading.copies import Copies
 from ..loading.fetch import FetchSpec
 from ..transport.messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
@@ -102,6 +103,9 @@ class PoolExecutor:
         self._started_at = self._start_returned_at = 0.0
         #: Seconds the workers took to be ready, until a delivered batch carries it.
         self._ready_s: Optional[float] = None
+        #: Held by the thread inside next_batch (re-entrant: a KeyboardInterrupt
+        #: there shuts down from inside); shutdown takes it.
+        self._inside = threading.RLock()
 
     # ----------------------------------------------------------------- start
     def start(self) -> None:
@@ -161,16 +165,28 @@ class PoolExecutor:
             self._progress.started(wid, state)
         return self._progress.snapshot()
 
-    def next_batch(self) -> Delivered:
+    def next_batch(self, until: Optional[threading.Event] = None) -> Delivered:
         """The next batch of this epoch; StopIteration at its end, whose
-        ``value`` is the final ``copies`` (iterable datasets) or None."""
+        ``value`` is the final ``copies`` (iterable datasets) or None.
+
+        ``until``: an event another thread sets to call the wait off (the pin
+        thread's stop): Interrupted is raised within ``INTERRUPT_CHECK_S``
+        of it, between two steps, and the executor stays usable. One thread
+        at a time is inside; a shutdown from another thread waits for it
+        to leave (:meth:`shutdown`)."""
+        with self._inside:
+            return self._next_batch(until)
+
+    def _next_batch(self, until: Optional[threading.Event]) -> Delivered:
         self._check_owner()
         self._raise_if_unusable()
         deadline = time.monotonic() + self.running.timeout_s if self.running.timeout_s > 0 else None
         self._watchdog.waiting()
         try:
             while True:
-                self._raise_if_unusable()  # shut down meanwhile (from another thread)
+                self._raise_if_unusable()  # (shut down meanwhile, from another thread)
+                if until is not None and until.is_set():
+                    raise Interrupted
                 if not self._starting:
                     waiting = self._reorder.take()
                     if waiting is not None:
@@ -214,10 +230,13 @@ class PoolExecutor:
 
     # ------------------------------------------------------------- collect
     def _wait(self, deadline: Optional[float]) -> None:
-        """Wait for results, a worker's end, the deadline or the watchdog, and take them in."""
+        """Wait for results, a worker's end, the deadline or the watchdog (at
+        most ``INTERRUPT_CHECK_S``: next_batch looks for a call-off or a
+        shutdown between waits), and take them in."""
         if not self._pool.watched:
             raise RuntimeError("every DataLoader worker has stopped; nothing is left to wait for")
-        arrived = self._pool.wait(self._watchdog.wait_s(deadline))
+        wait_s = self._watchdog.wait_s(deadline)
+        arrived = self._pool.wait(INTERRUPT_CHECK_S if wait_s is None else min(wait_s, INTERRUPT_CHECK_S))
         if not arrived:
             if deadline is not None and time.monotonic() >= deadline:
                 self._on_timeout()
@@ -342,11 +361,20 @@ class PoolExecutor:
 
     # ------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
-        """Stop the pool. Safe to call twice, from a finalizer, at exit, or
-        in a forked child (which only lets go of its copies)."""
+        """Stop the pool. Safe to call twice, from a finalizer, at exit, from
+        another thread than the one inside next_batch (it waits for that one
+        to leave), or in a forked child (which only lets go of its copies)."""
         if self.state is not Lifecycle.BROKEN:
             self.state = Lifecycle.CLOSED
         if os.getpid() != self._owner_pid and self._pool.process_bound:
             self._pool.let_go()
             return
-        self._pool.stop()
+        # A thread inside next_batch (the pin thread) sees the state within
+        # INTERRUPT_CHECK_S and leaves; the workers stop once it is out. One
+        # stuck longer (in a dataset's code, without workers) is not waited for.
+        inside_left = self._inside.acquire(timeout=SHUTDOWN_WAIT_S)
+        try:
+            self._pool.stop()
+        finally:
+            if inside_left:
+                self._inside.release()

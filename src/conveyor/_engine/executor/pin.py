@@ -4,7 +4,10 @@
 
 The thread is the executor's only caller while it runs; the main thread only
 reads the queue, waking every ``_POLL_S`` to check the thread is alive, so it
-never waits forever on a thread that died.
+never waits forever on a thread that died. Closing calls the thread's wait
+off (``next_batch(until=stop)`` raises Interrupted) and waits for the thread
+to leave before the executor is shut down (``close(then=...)``), so no two
+threads are ever inside the executor.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ import sys
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ..transport.tree import map_leaves
+from .records import Interrupted
 
 #: How often the main thread checks that the pin thread is alive while it waits.
 _POLL_S = 0.1
@@ -51,11 +55,19 @@ def _pin_leaf(value: Any) -> Any:
 class PinThread:
     """Runs ``next_batch`` and ``pin`` in a thread, ``capacity`` batches ahead."""
 
-    def __init__(self, next_batch: Callable[[], Any], capacity: int, pin: Callable[[Any], Any] = pin_tree):
+    def __init__(
+        self, next_batch: Callable[[threading.Event], Any], capacity: int, pin: Callable[[Any], Any] = pin_tree
+    ):
+        """``next_batch(until)``: the executor's, called off (Interrupted)
+        once ``until`` is set."""
         self._next_batch = next_batch
         self._pin = pin
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         self._stop = threading.Event()
+        #: Whether the thread is inside the executor's next_batch now, and
+        #: what close() called from the thread itself left to do on leaving it.
+        self._inside = False
+        self._then: Optional[Callable[[], None]] = None
         self._thread = threading.Thread(target=self._run, name="conveyor-pin-memory", daemon=True)
         self._thread.start()
 
@@ -68,10 +80,22 @@ class PinThread:
                 continue
         return False
 
+    def _next_from_executor(self) -> Any:
+        self._inside = True
+        try:
+            return self._next_batch(self._stop)
+        finally:
+            self._inside = False
+            then, self._then = self._then, None
+            if then is not None:
+                then()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                item = _Item(_Kind.BATCH, self._pin(self._next_batch()))
+                item = _Item(_Kind.BATCH, self._pin(self._next_from_executor()))
+            except Interrupted:
+                return
             except StopIteration as end:
                 self._put(_Item(_Kind.END, end.value))
                 return
@@ -90,24 +114,36 @@ class PinThread:
             try:
                 item = self._queue.get(timeout=_POLL_S)
             except queue.Empty:
-                if not self._thread.is_alive():
-                    raise RuntimeError("the pin-memory thread ended without a result (conveyor bug: please report)")
-                continue
+                if self._thread.is_alive():
+                    continue
+                if self._stop.is_set():
+                    raise RuntimeError(
+                        "this DataLoader iterator has been shut down (with persistent_workers=True, a later "
+                        "iter(loader) takes the workers over); go on with the newest iterator"
+                    ) from None
+                raise RuntimeError("the pin-memory thread ended without a result (conveyor bug: please report)")
             if item.kind is _Kind.BATCH:
                 return item.value
             if item.kind is _Kind.END:
                 raise StopIteration(item.value)
             raise item.value
 
-    def request_stop(self) -> None:
-        """Ask the thread to stop after the batch in hand (does not wait)."""
+    def close(self, then: Optional[Callable[[], None]] = None) -> None:
+        """Stop the thread (its wait called off, the batch in hand finished),
+        wait for it, then call ``then`` (the executor's shutdown) with the
+        thread out of the executor. Called from the thread itself (a
+        finalizer run by a garbage collection there), ``then`` runs once the
+        thread has left the executor's next_batch. Safe to call twice."""
         self._stop.set()
-
-    def close(self) -> None:
-        """Stop the thread after the batch in hand and wait for it; safe to call twice."""
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(_JOIN_TIMEOUT_S)
+        if self._thread is threading.current_thread():
+            if self._inside:
+                self._then = then
+            elif then is not None:
+                then()
+            return
+        self._thread.join(_JOIN_TIMEOUT_S)
+        if then is not None:
+            then()  # (after _JOIN_TIMEOUT_S with the thread still in pin(): stopping beats leaking)
 
 
 def pinning(pin_memory_device: str) -> bool:

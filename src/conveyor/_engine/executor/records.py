@@ -19,12 +19,27 @@ from __future__ import annotations
 
 import enum
 import math
+import threading
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Protocol
 
 from ..loading.copies import Copies
 from ..transport.messages import LoadTimes, Task
+
+
+#: How often ``next_batch`` looks, while it waits, for its ``until`` event
+#: and for a shutdown from another thread.
+INTERRUPT_CHECK_S = 0.05
+#: How long a shutdown from another thread waits for the one inside
+#: ``next_batch`` to leave before it stops the workers anyway.
+SHUTDOWN_WAIT_S = 5.0
+
+
+class Interrupted(Exception):
+    """``next_batch`` was called off by its ``until`` event: the thread that
+    drives the executor (the pin thread) is asked to stop, so that the
+    executor's owner can shut it down with no other caller inside."""
 
 
 class Lifecycle(enum.Enum):
@@ -183,8 +198,9 @@ class Executor(Protocol):
         an iterable dataset's copies stand as it starts (None: fresh copies
         of the dataset as it is, or a map-style dataset)."""
 
-    def next_batch(self) -> Delivered:
-        """The next batch; StopIteration at the end of the pass."""
+    def next_batch(self, until: Optional[threading.Event] = None) -> Delivered:
+        """The next batch; StopIteration at the end of the pass; Interrupted
+        once ``until`` is set (checked at least every ``INTERRUPT_CHECK_S``)."""
 
     def shutdown(self) -> None:
         """Stop; safe to call twice."""
