@@ -108,8 +108,11 @@ class Dispatcher:
     def _fill_threads(self, worker: WorkerView, task: Task) -> int:
         """How the batch's self-filling leaves (decoded images: rows.RowPlacer)
         are filled: an epoch's first batch, which the loop waits for, with a
-        thread per core; another worker's first batch while that one loads,
-        at a lower CPU priority (0), so as not to take the cores from it; else 1."""
+        thread per core; another worker's first batch while that one loads
+        (0): its worker first holds while the first batch fills, then fills
+        as usual; if the first batch still fills after
+        process.FIRST_BATCH_HOLD_S, at a lower CPU priority, so as not to
+        take the cores from it; else 1."""
         if self._first_task:
             self._first_task, self._first_batch = False, task.batch_index
             return FIRST_BATCH_FILL_THREADS
