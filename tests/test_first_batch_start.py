@@ -17,6 +17,7 @@ import pytest
 
 import conveyor
 from conveyor.collate import register_collate
+from conveyor._engine.executor.dispatch import FIRST_BATCH_FILL_THREADS
 from conveyor._engine.loading.rows import RowPlacer
 from conveyor._engine.transport import slots
 from conveyor._engine.transport.slots import StopFlag
@@ -252,3 +253,71 @@ def test_the_workers_start_time_leaves_out_the_wait_between_iter_and_the_first_n
     list(it)
     started = loader.stats().worker_start_s
     assert started is not None and 0 < started <= in_iter + in_next
+
+
+def _wait_for(path: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _note(path: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(repr(time.monotonic()))  # (CLOCK_MONOTONIC: one clock for every process of the machine)
+    os.replace(path + ".tmp", path)
+
+
+def _noted(path) -> float:
+    return float(open(path).read())
+
+
+class SlowFirst(Filled):
+    """Sample 0's image fills slowly, and only once worker 1 is up: worker 1's
+    first batch would run meanwhile if it did not hold."""
+
+    def __init__(self, value: int, log_dir: str):
+        super().__init__(value)
+        self.log_dir = log_dir
+
+    def fill_into(self, out: np.ndarray) -> None:
+        if self.value == 0:
+            _note(os.path.join(self.log_dir, "filling0"))  # (the flag is up by now: raised before any fill)
+            _wait_for(os.path.join(self.log_dir, "worker1"))
+            time.sleep(0.3)
+        super().fill_into(out)
+        if self.value == 0:
+            _note(os.path.join(self.log_dir, "filled0"))
+
+
+class TimedImages:
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        _note(os.path.join(self.log_dir, f"get{i}"))
+        return SlowFirst(i, self.log_dir), i
+
+
+def start_after_the_first_fill(log_dir: str, worker_id: int) -> None:
+    """worker_init_fn: worker 1 comes up only once worker 0 fills (its flag up)."""
+    if worker_id == 1:
+        _wait_for(os.path.join(log_dir, "filling0"))
+    record_worker(log_dir, worker_id)
+
+
+@pytest.mark.skipif(FIRST_BATCH_FILL_THREADS < 2, reason="one core: the first batch fills with one thread and raises no flag")
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_another_worker_holds_its_first_batch_until_the_first_is_done(tmp_path, method):
+    """Under fork and spawn alike (the flag's page travels to spawned workers):
+    worker 1 starts its first batch only once worker 0's is done."""
+    log_dir = str(tmp_path)
+    loader = conveyor.DataLoader(
+        TimedImages(log_dir), batch_size=2, num_workers=2, multiprocessing_context=method,
+        worker_init_fn=functools.partial(start_after_the_first_fill, log_dir),
+    )  # fmt: skip
+    batches = [labels.tolist() for _, labels in loader]
+    assert batches == [[0, 1], [2, 3]]
+    assert _noted(tmp_path / "get2") >= _noted(tmp_path / "filled0")
