@@ -15,6 +15,7 @@ import doctest
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -83,11 +84,15 @@ DATA_MODULE = textwrap.dedent(
 )
 
 
-def setting(workers, prefetch, *rates, batch=None, wait=0.5, advice="", memory=None, status="measured"):
+def setting(
+    workers, prefetch, *rates, batch=None, wait=0.5, advice="", advised_workers=None, advises_prefetch=False,
+    memory=None, status="measured",
+):
     """A made-up measured setting: one round per rate."""
     rounds = tuple(
         Round(rate, data_wait_fraction=wait, workers_busy_fraction=0.9, peak_memory_mb=memory, advice=advice,
-              slowest_stage="fetch", slowest_share=0.9)
+              advised_workers=advised_workers, advises_prefetch=advises_prefetch, slowest_stage="fetch",
+              slowest_share=0.9)
         for rate in rates
     )  # fmt: skip
     return Result(workers, prefetch if workers else None, batch, status=status, rounds=rounds)
@@ -204,20 +209,34 @@ def test_the_recommendation_is_the_leanest_setting_within_the_noise_of_the_faste
 
 
 # ---------------------------------------------------- advice that agrees
-#: What the verdict says, in the forms that name a setting.
+#: What the verdict says, in the forms that name a setting, with whether it names a worker
+#: count and whether it tells to raise prefetch_factor (Verdict.advised_workers, .advises_prefetch).
 ADVICE = [
-    "more workers: num_workers={n} (the workers are busy 98%; this machine has 2 cores)",
-    "load in worker processes: DataLoader(num_workers={n}); the main process spent 90% of wall time loading",
-    "the workers are busy only 20% of the time while the loop waits 40%: keep more batches in flight "
-    "(raise prefetch_factor)",
-    "the loader keeps up; the workers are busy only 10% of the time, so num_workers={n} would do (less memory)",
-    "the 2 workers are busy 91% on 2 cores, so more workers will not help; fetch takes 97% of loading time",
-]
+    ("more workers: num_workers={n} (the workers are busy 98%; this machine has 2 cores)", True, False),
+    ("load in worker processes: DataLoader(num_workers={n}); the main process spent 90% of wall time loading", True,
+     False),
+    ("the workers are busy only 20% of the time while the loop waits 40%: keep more batches in flight "
+     "(raise prefetch_factor)", False, True),
+    ("the loader keeps up; the workers are busy only 10% of the time, so num_workers={n} would do (less memory)", True,
+     False),
+    ("the 2 workers are busy 91% on 2 cores, so more workers will not help; fetch takes 97% of loading time", False,
+     False),
+]  # fmt: skip
+
+
+def told(advice, n=0) -> dict:
+    """A round's verdict fields for one of ADVICE with ``n`` as its worker count."""
+    template, names_workers, prefetch = advice
+    return {"advice": template.format(n=n), "advised_workers": n if names_workers else None, "advises_prefetch": prefetch}
+
+
+def named_workers(said: str) -> set[int]:
+    """The worker counts that printed advice tells the user to set."""
+    return {int(n) for n in re.findall(r"\bnum_workers=(\d+)", said)}
 
 
 def test_advice_for_a_setting_the_sweep_measured_and_did_not_choose_gives_the_measurement_instead():
-    advice = ADVICE[0].format(n=2)
-    results = [setting(1, 2, 755, 761, 770, advice=advice), setting(2, 2, 740, 756, 790)]
+    results = [setting(1, 2, 755, 761, 770, **told(ADVICE[0], 2)), setting(2, 2, 740, 756, 790)]
     rec = recommend(results)
     assert rec.workers == 1
     said = advise(rec, results)
@@ -227,13 +246,13 @@ def test_advice_for_a_setting_the_sweep_measured_and_did_not_choose_gives_the_me
 
 
 def test_advice_to_raise_prefetch_is_replaced_when_a_larger_prefetch_was_measured():
-    results = [setting(2, 2, 100, 101, advice=ADVICE[2]), setting(2, 4, 101, 102)]
+    results = [setting(2, 2, 100, 101, **told(ADVICE[2])), setting(2, 4, 101, 102)]
     said = advise(recommend(results), results)
     assert "prefetch_factor" not in said and "2 workers, prefetch 4: best round 102 samples/s" in said
 
 
 def test_advice_beyond_the_sweep_is_kept_and_says_it_was_not_measured():
-    results = [setting(0, None, 100, 100, advice=ADVICE[1].format(n=2))]
+    results = [setting(0, None, 100, 100, **told(ADVICE[1], 2))]
     said = advise(recommend(results), results)
     assert said.startswith("load in worker processes: DataLoader(num_workers=2)")
     assert "not measured here" in said and "--workers 0,2" in said
@@ -250,12 +269,12 @@ def test_without_a_round_long_enough_for_a_verdict_there_is_no_advice_but_how_to
 def test_the_advice_never_asks_for_a_measured_setting_other_than_the_recommended_one(results, template, n):
     rec = recommend(results)
     rec_with_advice = setting(rec.workers, rec.prefetch, *(r.samples_per_s for r in rec.rounds),
-                              advice=template.format(n=n))  # fmt: skip
+                              **told(template, n))  # fmt: skip
     results = [rec_with_advice if r is rec else r for r in results]
     said = advise(recommend(results), results)
-    for asked in tune_choice.suggested_workers(said):
+    for asked in named_workers(said):
         assert asked == rec.workers or asked not in {r.workers for r in results}
-    if tune_choice.suggests_prefetch(said):  # only when no more batches in flight were measured
+    if "prefetch_factor" in said:  # only when no more batches in flight were measured
         if rec.workers:
             assert max(r.prefetch for r in results if r.workers == rec.workers) <= rec.prefetch
         else:
@@ -277,7 +296,10 @@ class FakeLoader:
         return iter(range(self.per_pass))
 
     def stats(self, since=None):
-        verdict = SimpleNamespace(bound="input", advice="advice", slowest_stage="fetch", slowest_share=0.5)
+        verdict = SimpleNamespace(
+            bound="input", advice="advice", advised_workers=None, advises_prefetch=False, slowest_stage="fetch",
+            slowest_share=0.5,
+        )
         interval = SimpleNamespace(
             batches=10, samples_per_s=100.0, data_wait_fraction=0.75, workers_busy_fraction=0.5,
             verdict=lambda: verdict,

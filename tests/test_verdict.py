@@ -152,6 +152,37 @@ def test_no_verdict_names_torch_without_torch_or_prints_a_share_past_100(
         assert 0.0 <= float(value) <= 100.0, text
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    num_workers=st.integers(0, 16),
+    wait=_shares,
+    busy=st.one_of(st.none(), _shares),
+    cpu=_shares,
+    cpu_wait=st.one_of(st.none(), _shares),
+    cores=st.one_of(st.none(), st.tuples(_shares, _shares)),
+    slowest=st.sampled_from(["sampler", "fetch", "collate", "transport", "pin"]),
+    method=st.sampled_from(["fork", "thread", "ray"]),
+    machine_cores=st.integers(1, 64),
+)
+def test_the_settings_a_verdict_names_for_tools_are_those_its_words_name(
+    num_workers, wait, busy, cpu, cpu_wait, cores, slowest, method, machine_cores
+):
+    """conveyor tune acts on ``advised_workers`` and ``advises_prefetch``, not
+    on the words: both must say the same, whichever rule speaks."""
+    if cpu_wait is not None:
+        cpu_wait = min(cpu_wait, 1.0 - cpu)
+    job = others = None
+    if cores is not None:
+        job, others = cores[0], min(cores[1], 1.0 - cores[0])
+    stats = _stats(num_workers=num_workers, wait=wait, busy=busy, cpu=cpu, cpu_wait=cpu_wait, job=job, others=others)
+    stages = dict(stats.stages)
+    stages[slowest], stages["fetch"] = stages["fetch"], stages[slowest]
+    verdict = dataclasses.replace(stats, stages=stages, worker_method=method).verdict(cores=machine_cores)
+    named = [int(n) for n in re.findall(r"\bnum_workers=(\d+)", verdict.advice)]
+    assert named == ([] if verdict.advised_workers is None else [verdict.advised_workers]), verdict.advice
+    assert ("prefetch_factor" in verdict.advice) == verdict.advises_prefetch, verdict.advice
+
+
 def test_more_workers_are_advised_with_a_caution_when_other_processes_use_the_cores():
     advice = _stats(cpu=0.9, cpu_wait=0.05, busy=0.95, job=0.5, others=0.4).verdict(cores=4).advice
     assert advice.startswith("more workers: num_workers=4") and "other processes" in advice

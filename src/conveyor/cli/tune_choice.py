@@ -16,7 +16,6 @@ Pure functions of the numbers: the tests feed them made-up measurements.
 
 from __future__ import annotations
 
-import re
 import statistics
 from typing import Optional
 
@@ -104,29 +103,13 @@ def recommend(results: list[Result]) -> Optional[Result]:
 
 
 # ------------------------------------------------------------------ advice
-#: How the verdict names a worker count it suggests ("num_workers=4").
-_WORKERS = re.compile(r"\bnum_workers=(\d+)")
-#: The verdict suggests more batches in flight by naming prefetch_factor.
-_PREFETCH = "prefetch_factor"
-
-
-def suggested_workers(advice: str) -> set[int]:
-    """The worker counts that ``advice`` tells the user to set."""
-    return {int(n) for n in _WORKERS.findall(advice)}
-
-
-def suggests_prefetch(advice: str) -> bool:
-    """Whether ``advice`` tells the user to change prefetch_factor."""
-    return _PREFETCH in advice
-
-
-def contradicted(rec: Result, results: list[Result], advice: str) -> list[Result]:
-    """The measured settings that ``advice`` on ``rec`` asks for although the sweep did not recommend them:
-    another worker count it names; when it names prefetch_factor, a larger prefetch at rec's worker
-    count (or, with no workers, any setting with workers: only they prefetch)."""
+def contradicted(rec: Result, results: list[Result], asked_workers: Optional[int], prefetch: bool) -> list[Result]:
+    """The measured settings that advice on ``rec`` asks for although the sweep did not recommend them:
+    another worker count it names (``asked_workers``); when it tells to raise prefetch_factor, a larger
+    prefetch at rec's worker count (or, with no workers, any setting with workers: only they prefetch)."""
     same_batch = [r for r in measured(results) if r.batch_size == rec.batch_size and r is not rec]
-    asked = suggested_workers(advice) - {rec.workers}
-    if suggests_prefetch(advice):
+    asked = {asked_workers} - {rec.workers, None}
+    if prefetch:
         return [r for r in same_batch if r.workers in asked or _more_in_flight(r, rec)]
     return [r for r in same_batch if r.workers in asked]
 
@@ -139,7 +122,7 @@ def _more_in_flight(r: Result, rec: Result) -> bool:
 
 
 def _setting_words(r: Result) -> str:
-    """A setting in words that no parser takes for advice ("2 workers, prefetch 4")."""
+    """A setting in words ("2 workers, prefetch 4"), not as the arguments that advice names."""
     text = f"{r.workers} worker{'s' * (r.workers != 1)}" + (f", prefetch {r.prefetch}" if r.workers else "")
     return text + (f", batch {r.batch_size}" if r.batch_size is not None else "")
 
@@ -155,13 +138,15 @@ def advise(rec: Result, results: list[Result], judged: Optional[Round] = None) -
             f"{MIN_BATCHES} batches and {MIN_STEADY_S:g} s once running); raise --max-seconds or --seconds"
         )
     advice = judged_round.advice if judged_round else ""
-    against = contradicted(rec, results, advice)
+    asked_workers = judged_round.advised_workers if judged_round else None
+    prefetch = judged_round.advises_prefetch if judged_round else False
+    against = contradicted(rec, results, asked_workers, prefetch)
     tried = {r.workers for r in measured(results)}
     if not against:  # what it asks for, if anything, the sweep never tried: not a contradiction
-        if suggested_workers(advice) - tried:
-            counts = ",".join(map(str, sorted(tried | suggested_workers(advice))))
+        if asked_workers is not None and asked_workers not in tried:
+            counts = ",".join(map(str, sorted(tried | {asked_workers})))
             advice += f" (not measured here: conveyor tune ... --workers {counts} to compare)"
-        elif suggests_prefetch(advice) and rec.workers:
+        elif prefetch and rec.workers:
             advice += " (not measured here: add larger values to conveyor tune's --prefetch to compare)"
         return advice
     tied = ties(results)

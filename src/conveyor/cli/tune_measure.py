@@ -49,10 +49,13 @@ class Round:
     peak_memory_mb: Optional[float] = None
     batches: int = 0
     passes: int = 0
-    #: The verdict on this round: its bound ("unknown": too little to judge), its advice, and the
-    #: loading stage with the most time and its share.
+    #: The verdict on this round: its bound ("unknown": too little to judge), its advice and the
+    #: settings the advice names (Verdict.advised_workers, .advises_prefetch), and the loading
+    #: stage with the most time and its share.
     bound: str = ""
     advice: str = ""
+    advised_workers: Optional[int] = None
+    advises_prefetch: bool = False
     slowest_stage: Optional[str] = None
     slowest_share: float = 0.0
 
@@ -309,6 +312,8 @@ def measure_round(
         passes=passes,
         bound=verdict.bound,
         advice=verdict.advice,
+        advised_workers=verdict.advised_workers,
+        advises_prefetch=verdict.advises_prefetch,
         slowest_stage=verdict.slowest_stage,
         slowest_share=verdict.slowest_share,
     )

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from .._engine.cpu import usable_cores
 from .figures import LOADING_STAGES, NOT_MEASURED, LoaderFigures, share_of
@@ -63,6 +63,14 @@ IDLE_BUSY = 0.30
 STARTUP_SHARE = 0.20
 
 
+class Advice(NamedTuple):
+    """Advice in words and the settings the words name (see Verdict)."""
+
+    text: str
+    workers: Optional[int] = None
+    prefetch: bool = False
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What the stats say, in words a person can act on."""
@@ -77,6 +85,11 @@ class Verdict:
     advice: str
     #: Why there is no verdict ("unknown" only): no batches, or too little to judge.
     reason: str = ""
+    #: The settings the advice names, for tools that act on it (conveyor tune), so
+    #: that none parses the words: the num_workers it tells the user to set, and
+    #: whether it tells them to raise prefetch_factor.
+    advised_workers: Optional[int] = None
+    advises_prefetch: bool = False
 
     def __str__(self) -> str:
         if self.bound == "unknown":
@@ -112,9 +125,10 @@ def judge(stats: LoaderFigures, cores: Optional[int] = None) -> Verdict:
     if stats.stages[busiest].total_s <= 0:
         slowest, share = None, 0.0
     if wait < INPUT_BOUND_WAIT:
-        bound, advice = "compute", _compute_bound_advice(stats, wait)
+        bound, told = "compute", _compute_bound_advice(stats, wait)
     else:
-        bound, advice = "input", _input_bound_advice(stats, slowest, share, cores)
+        bound, told = "input", _input_bound_advice(stats, slowest, share, cores)
+    advice = told.text
     startup = share_of(stats.startup_s, stats.wall_s) or 0.0
     if startup >= STARTUP_SHARE:
         advice += f". Start-up (iter() to each pass's first batch) took {startup:.0%} of wall time"
@@ -126,10 +140,10 @@ def judge(stats: LoaderFigures, cores: Optional[int] = None) -> Verdict:
             advice += ": each pass begins with no batch loaded, and the loop waits for the first ones"
         else:
             advice += "; a longer run spreads it out"
-    return Verdict(bound, wait, slowest, share, advice)
+    return Verdict(bound, wait, slowest, share, advice, advised_workers=told.workers, advises_prefetch=told.prefetch)
 
 
-def _compute_bound_advice(stats: LoaderFigures, wait: float) -> str:
+def _compute_bound_advice(stats: LoaderFigures, wait: float) -> Advice:
     advice = (
         f"the loader keeps up (the loop waited only {wait:.0%} of the time), so a faster loader would gain at most "
         f"{wait:.0%}; speed up the training step instead"
@@ -138,38 +152,40 @@ def _compute_bound_advice(stats: LoaderFigures, wait: float) -> str:
     if stats.num_workers > 1 and busy is not None and busy < IDLE_BUSY:
         fewer = max(1, round(stats.num_workers * busy / SATURATED_BUSY + 0.5))
         advice += f"; the workers are busy only {busy:.0%} of the time, so num_workers={fewer} would do (less memory)"
-    return advice
+        return Advice(advice, workers=fewer)
+    return Advice(advice)
 
 
-def _input_bound_advice(stats: LoaderFigures, slowest: Optional[str], share: float, cores: int) -> str:
+def _input_bound_advice(stats: LoaderFigures, slowest: Optional[str], share: float, cores: int) -> Advice:
     busy = stats.workers_busy_fraction or 0.0
     cpu = stats.loading_cpu_fraction
     workers = stats.num_workers
     p50 = _ms(stats.stages[slowest].p50_s) if slowest else "?"
     if workers == 0:
-        return (
+        return Advice(
             f"load in worker processes: DataLoader(num_workers={min(cores, 8)}); the main process spent {busy:.0%} of "
-            f"wall time loading ({slowest} {p50} per batch at the median) while the loop waited"
+            f"wall time loading ({slowest} {p50} per batch at the median) while the loop waited",
+            workers=min(cores, 8),
         )
     if slowest == "sampler":
-        return (
+        return Advice(
             f"the sampler takes {share:.0%} of loading time ({p50} per batch, in the main process): precompute its "
             f"indices or use a cheaper sampler"
         )
     if slowest == "transport":
-        return (
+        return Advice(
             f"moving batches between processes takes {share:.0%} of loading time ({p50} per batch): send smaller "
             f"dtypes (uint8 images, normalised on the accelerator), fewer and larger arrays, and keep conveyor's "
             f"default_collate, which writes straight into shared memory"
         )
     if slowest == "pin":
-        return (
+        return Advice(
             f"pinning takes {share:.0%} of loading time ({p50} per batch): pin fewer, larger tensors, or turn "
             f"pin_memory off when not training on an accelerator"
         )
     cpu_wait = stats.loading_cpu_wait_fraction
     if stats.worker_method == "ray" and (busy >= SATURATED_BUSY or (cpu_wait or 0.0) >= CONTENDED_CPU):
-        return _ray_advice(stats, busy, cpu_wait, slowest, share, p50)
+        return Advice(_ray_advice(stats, busy, cpu_wait, slowest, share, p50))
     if cpu_wait is not None and cpu_wait >= CONTENDED_CPU:
         return _contended_advice(stats, cpu_wait, slowest, p50, cores)
     off_cpu = stats.loading_off_cpu_fraction if cpu_wait is not None else (None if cpu is None else 1.0 - cpu)
@@ -177,11 +193,12 @@ def _input_bound_advice(stats: LoaderFigures, slowest: Optional[str], share: flo
         what = "on storage, the network, a lock or a sleep"
         if cpu_wait is None:
             what += f"; waiting for a free core is {NOT_MEASURED}, so part of it may be that"
-        return (
+        return Advice(
             f"loading mostly waits (on a CPU only {cpu:.0%} of its time, waiting {off_cpu:.0%} {what}): more "
             f"workers than cores help here, and worker threads cost no memory or start-up, e.g. "
             f"num_workers={max(16, 2 * workers)}, worker_method=\"thread\"; also read each batch's samples "
-            f"concurrently (reads_in_flight=8), or pack small files into shards (conveyor pack, docs/data.md)"
+            f"concurrently (reads_in_flight=8), or pack small files into shards (conveyor pack, docs/data.md)",
+            workers=max(16, 2 * workers),
         )
     if busy >= SATURATED_BUSY:
         if workers < cores:
@@ -189,7 +206,7 @@ def _input_bound_advice(stats: LoaderFigures, slowest: Optional[str], share: flo
             others = stats.cores_others_fraction
             if others is not None and others >= OTHERS_TAKE_CORES:
                 advice += f"; but other processes on this machine use {others:.0%} of its cores, so expect less"
-            return advice
+            return Advice(advice, workers=cores)
         what = {
             "fetch": "make __getitem__ cheaper: faster decoding (for JPEG images with a random resized crop, "
             "conveyor.images decodes only the crop box, straight into the batch: docs/images.md gives its measured "
@@ -205,11 +222,12 @@ def _input_bound_advice(stats: LoaderFigures, slowest: Optional[str], share: flo
         stage = stats.stages[slowest] if slowest else None
         if stage is not None and stage.p50_s > 0 and stage.p99_s > 10 * stage.p50_s:
             advice += f"; a few batches are much slower (p99 {_ms(stage.p99_s)} against p50 {p50}): look for slow samples"
-        return advice
-    return (
+        return Advice(advice)
+    return Advice(
         f"the workers are busy only {busy:.0%} of the time while the loop waits {stats.steady_wait_fraction:.0%}: keep "
         f"more batches in flight (raise prefetch_factor), and check that the main process is not the bottleneck "
-        f"(its stages: sampler, transport, queue, pin)"
+        f"(its stages: sampler, transport, queue, pin)",
+        prefetch=True,
     )
 
 
@@ -236,33 +254,37 @@ def _ray_advice(
     )
 
 
-def _contended_advice(stats: LoaderFigures, cpu_wait: float, slowest: Optional[str], p50: str, cores: int) -> str:
+def _contended_advice(stats: LoaderFigures, cpu_wait: float, slowest: Optional[str], p50: str, cores: int) -> Advice:
     """Loading waits for a free core: name who takes the cores, from what the machine reports."""
     waited = f"the loaders waited for a free core {cpu_wait:.0%} of their loading time"
     cheaper = f"make {slowest} cheaper ({p50} per batch)"
     others, job = stats.cores_others_fraction, stats.cores_job_fraction
     if others is None or job is None:
-        return (
+        return Advice(
             f"{waited}: all {cores} cores are taken (by which processes is {NOT_MEASURED}), so more workers will "
             f"not help; {cheaper}, or free the cores"
         )
     used = f"while the loader ran, other processes used {others:.0%} of the {stats.cores} usable cores and this job {job:.0%}"
     idle = stats.cores_idle_fraction or 0.0
     if idle >= IDLE_WHILE_WAITING and others < OTHERS_TAKE_CORES:
-        return (
+        return Advice(
             f"{waited}, yet the {stats.cores} usable cores were idle {idle:.0%} of the time ({used}): something "
             f"other than busy cores holds the loaders back, most likely a CPU quota (a container's or cgroup's "
             f"limit: /sys/fs/cgroup/cpu.max); fewer workers, or a larger quota"
         )
     if others >= OTHERS_TAKE_CORES:
-        return (
+        return Advice(
             f"other processes on this machine take the cores: {waited}; {used}. More workers will not help: run "
             f"where the cores are free, or stop, pause or renice the other processes; or {cheaper}"
         )
     lighter = "give the training process fewer threads" + (" (torch.set_num_threads)" if torch_in_use() else "")
+    fewer = None
     if stats.num_workers >= cores:
-        lighter = f"use fewer workers (num_workers={max(1, cores - 1)}: the training loop needs a core too), or {lighter}"
-    return f"this job takes the cores: {waited}; {used}. More workers will not help; {cheaper}, or {lighter}"
+        fewer = max(1, cores - 1)
+        lighter = f"use fewer workers (num_workers={fewer}: the training loop needs a core too), or {lighter}"
+    return Advice(
+        f"this job takes the cores: {waited}; {used}. More workers will not help; {cheaper}, or {lighter}", workers=fewer
+    )
 
 
 def torch_in_use() -> bool:
