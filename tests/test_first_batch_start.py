@@ -65,32 +65,22 @@ def test_under_fork_worker_0_starts_with_the_loader_and_the_others_with_the_firs
     del it, loader
 
 
-@pytest.mark.parametrize("how", ["spawn", "pin_memory"])
-def test_spawned_workers_and_a_pin_thread_start_every_worker_with_the_loader(tmp_path, how):
-    """Spawned workers get their config ahead of any task in their pipe, and
-    with pin_memory a later start would fork from the pin thread while the
-    user's thread runs: every worker starts in iter(loader)."""
+def test_spawned_workers_start_with_the_loader(tmp_path):
+    """Spawned workers get their config ahead of any task in their pipe:
+    every worker starts in iter(loader). (With a pin thread under fork:
+    test_pin_memory.py.)"""
     before = procutil.pids()
     loader = conveyor.DataLoader(
-        list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="spawn" if how == "spawn" else "fork",
-        pin_memory=how == "pin_memory", worker_init_fn=functools.partial(record_worker, str(tmp_path)),
+        list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="spawn",
+        worker_init_fn=functools.partial(record_worker, str(tmp_path)),
     )  # fmt: skip
-    with pytest.warns(UserWarning) if how == "pin_memory" else _nothing():
-        it = iter(loader)
+    it = iter(loader)
     deadline = time.monotonic() + WAIT_S
     while len(new_workers(before)) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(new_workers(before)) == 2
     assert [b.tolist() for b in it] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     del it, loader
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_an_iterator_dropped_before_its_first_batch_leaves_no_process_and_no_descriptor():

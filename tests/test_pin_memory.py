@@ -19,6 +19,7 @@ import torch.utils.data as tud
 import conveyor.torch as ct
 from conveyor._engine.executor.pin import PinThread
 from conveyor._engine.executor.records import Interrupted
+from conveyor._engine.workers import fleet
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -240,3 +241,36 @@ def test_a_shutdown_from_another_thread_waits_for_the_one_inside_the_executor(mo
         assert len(outcome) == 1 and "has been shut down" in str(outcome[0]), outcome
     assert raised == []
     assert len(_fds_named("memfd:conveyor")) == before
+
+
+def test_under_fork_a_pinning_pass_forks_every_worker_from_the_callers_thread(fake_accelerator, monkeypatch):
+    """Worker 0 starts in iter(), the others at the first next(), as without
+    pin_memory, and every fork is made by the caller's thread, never by
+    the pin thread (which would fork while the caller runs its own code)."""
+    forked_by = []
+    real = fleet.start_worker
+
+    def start_worker(method, config, *args):
+        forked_by.append((config.worker_id, threading.current_thread().name))
+        return real(method, config, *args)
+
+    monkeypatch.setattr(fleet, "start_worker", start_worker)
+    loader = ct.DataLoader(Pairs(), batch_size=2, num_workers=3, pin_memory=True, multiprocessing_context="fork")
+    it = iter(loader)
+    assert [wid for wid, _ in forked_by] == [0]
+    assert not [t for t in threading.enumerate() if t.name == "conveyor-pin-memory"]  # (not before the first next())
+    assert next(it)["y"].tolist() == [0, 1]
+    assert sorted(wid for wid, _ in forked_by) == [0, 1, 2]
+    assert {name for _, name in forked_by} == {threading.current_thread().name}
+    assert [b["y"].tolist() for b in it] == [[2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
+    assert len(fake_accelerator) == 2 * 6 and set(fake_accelerator) == {"conveyor-pin-memory"}
+
+
+def test_a_pinning_iterator_dropped_before_its_first_batch_leaves_nothing(fake_accelerator):
+    before = len(_fds_named("memfd:conveyor"))
+    loader = ct.DataLoader(Pairs(), batch_size=2, num_workers=2, pin_memory=True, multiprocessing_context="fork")
+    it = iter(loader)
+    del it
+    assert len(_fds_named("memfd:conveyor")) == before
+    assert not [t for t in threading.enumerate() if t.name == "conveyor-pin-memory"]
+    assert [b["y"].tolist() for b in loader][0] == [0, 1]  # (and the loader starts again)

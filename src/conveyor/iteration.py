@@ -74,7 +74,11 @@ class LoaderIterator:
         # With workers, batches are pinned in a thread (as torch); in-process, inline.
         delivering, num_workers = plan.delivering, plan.running.num_workers
         pinning = delivering.pin and num_workers > 0
-        self._pin_thread = PinThread(executor.next_batch, delivering.pin_ahead, _pin_delivered) if pinning else None
+        self._pin_thread = (
+            PinThread(executor.next_batch, delivering.pin_ahead, _pin_delivered, first=executor.send_first)
+            if pinning
+            else None
+        )
         self._pin_inline = delivering.pin and not num_workers
         self._next_batch = self._pin_thread.next_batch if self._pin_thread else executor.next_batch
         # Profilers see the range torch.utils.data opens around each next().

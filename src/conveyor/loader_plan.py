@@ -92,7 +92,7 @@ def make_plan(loader: LoaderArguments) -> Plan:
         timed=loader._stats is not None,
         persistent=loader.persistent_workers,
         ray=None if inline else ray_workers_of(loader.worker_method),
-        stagger=method == "fork" and loader.num_workers > 1 and not loader.pin_memory,
+        stagger=method == "fork" and loader.num_workers > 1,
     )
     index_sampler = loader._index_sampler
     which = "batch_sampler" if loader.batch_sampler is not None else "sampler"

@@ -165,6 +165,17 @@ class PoolExecutor:
             self._progress.started(wid, state)
         return self._progress.snapshot()
 
+    def send_first(self) -> None:
+        """What next_batch does first, done now from the caller's thread: the
+        first tasks sent, and the workers a staggered start left started
+        (so that a thread driving the executor later, the pin thread, never
+        forks while the caller's thread runs the user's code)."""
+        with self._inside:
+            self._check_owner()
+            self._raise_if_unusable()
+            self._dispatch.fill(len(self._reorder))
+            self._start_rest()
+
     def next_batch(self, until: Optional[threading.Event] = None) -> Delivered:
         """The next batch of this epoch; StopIteration at its end, whose
         ``value`` is the final ``copies`` (iterable datasets) or None.

@@ -56,11 +56,19 @@ class PinThread:
     """Runs ``next_batch`` and ``pin`` in a thread, ``capacity`` batches ahead."""
 
     def __init__(
-        self, next_batch: Callable[[threading.Event], Any], capacity: int, pin: Callable[[Any], Any] = pin_tree
+        self,
+        next_batch: Callable[[threading.Event], Any],
+        capacity: int,
+        pin: Callable[[Any], Any] = pin_tree,
+        first: Optional[Callable[[], None]] = None,
     ):
         """``next_batch(until)``: the executor's, called off (Interrupted)
-        once ``until`` is set."""
+        once ``until`` is set. ``first``: what the caller's thread does at
+        the first next_batch, before the thread starts (the executor's
+        ``send_first``: the first tasks out and every worker forked from the
+        caller's thread, never from this one)."""
         self._next_batch = next_batch
+        self._first = first
         self._pin = pin
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         self._stop = threading.Event()
@@ -69,7 +77,8 @@ class PinThread:
         self._inside = False
         self._then: Optional[Callable[[], None]] = None
         self._thread = threading.Thread(target=self._run, name="conveyor-pin-memory", daemon=True)
-        self._thread.start()
+        if first is None:
+            self._thread.start()
 
     def _put(self, item: _Item) -> bool:
         while not self._stop.is_set():
@@ -110,6 +119,8 @@ class PinThread:
     def next_batch(self) -> Any:
         """The next pinned batch; StopIteration at the end; the loader's errors
         re-raised here."""
+        if self._first is not None:
+            self._start()
         while True:
             try:
                 item = self._queue.get(timeout=_POLL_S)
@@ -117,16 +128,26 @@ class PinThread:
                 if self._thread.is_alive():
                     continue
                 if self._stop.is_set():
-                    raise RuntimeError(
-                        "this DataLoader iterator has been shut down (with persistent_workers=True, a later "
-                        "iter(loader) takes the workers over); go on with the newest iterator"
-                    ) from None
+                    raise _closed_error() from None
                 raise RuntimeError("the pin-memory thread ended without a result (conveyor bug: please report)")
             if item.kind is _Kind.BATCH:
                 return item.value
             if item.kind is _Kind.END:
                 raise StopIteration(item.value)
             raise item.value
+
+    def _start(self) -> None:
+        """The first call: ``first`` in this thread, then the pin thread."""
+        if self._stop.is_set():
+            raise _closed_error()
+        first, self._first = self._first, None
+        assert first is not None  # (called while it is set)
+        try:
+            first()
+        except BaseException:
+            self._first = first  # (the next call tries again, as the executor's next_batch would)
+            raise
+        self._thread.start()
 
     def close(self, then: Optional[Callable[[], None]] = None) -> None:
         """Stop the thread (its wait called off, the batch in hand finished),
@@ -141,9 +162,17 @@ class PinThread:
             elif then is not None:
                 then()
             return
-        self._thread.join(_JOIN_TIMEOUT_S)
+        if self._thread.is_alive():  # (not started when no batch was asked for)
+            self._thread.join(_JOIN_TIMEOUT_S)
         if then is not None:
             then()  # (after _JOIN_TIMEOUT_S with the thread still in pin(): stopping beats leaking)
+
+
+def _closed_error() -> RuntimeError:
+    return RuntimeError(
+        "this DataLoader iterator has been shut down (with persistent_workers=True, a later iter(loader) takes "
+        "the workers over); go on with the newest iterator"
+    )
 
 
 def pinning(pin_memory_device: str) -> bool:

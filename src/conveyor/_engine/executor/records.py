@@ -80,8 +80,8 @@ class Running:
     #: method "ray": what each worker's actor asks the cluster for (conveyor.RayWorkers).
     ray: Optional[Any] = None
     #: Fork worker 0 alone at the start and the others once the first task
-    #: is out (workers/fleet.py): under fork, with more than one worker and
-    #: no pin thread (which would fork them while the user's thread runs).
+    #: is out (workers/fleet.py), from the caller's thread (with a pin
+    #: thread: PoolExecutor.send_first): under fork, with more than one worker.
     stagger: bool = False
 
     @property
@@ -197,6 +197,10 @@ class Executor(Protocol):
         executor as it sends it: see PoolExecutor.begin_epoch); where
         an iterable dataset's copies stand as it starts (None: fresh copies
         of the dataset as it is, or a map-style dataset)."""
+
+    def send_first(self) -> None:
+        """Send the first tasks (and start any worker left to start) from the
+        caller's thread, before another thread drives next_batch."""
 
     def next_batch(self, until: Optional[threading.Event] = None) -> Delivered:
         """The next batch; StopIteration at the end of the pass; Interrupted
