@@ -187,7 +187,7 @@ def test_an_actor_killed_with_ray_kill_mid_epoch_is_reported_never_a_hang(local_
     loader = DataLoader(Augmented(), batch_size=2, num_workers=2, worker_method="ray", persistent_workers=True)
     it = iter(loader)
     next(it)
-    victim = loader._executor._pool.workers[1]  # (the loader's own workers, kept: persistent_workers)
+    victim = loader._persistent.executor._pool.workers[1]  # (the loader's own workers, kept: persistent_workers)
     local_ray.kill(victim.actor, no_restart=True)
     with pytest.raises(WorkerDiedError, match=r"worker 1 \(Ray actor, pid \d+ on node .*was lost"):
         for _ in it:

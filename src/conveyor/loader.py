@@ -5,7 +5,7 @@ the samplers, and one iteration per ``iter()`` (iteration.py).
       └─ _plan ─▶ the Plan of its arguments (loader_plan.py), for a pass or a state
       └─ __iter__ ─▶ ResumeTracker.begin (state.py): the epoch, its base seed, what it resumes
                  ─▶ the executor (PoolExecutor) over inline workers (num_workers=0), worker
-                    threads or processes (persistent ones kept by the loader)
+                    threads or processes (persistent ones kept by the loader: persistent.py)
                  ─▶ LoaderIterator: plan ─▶ executor ─▶ Delivered ─▶ the loop
 
 Seeds (one root per epoch): ``base_seed`` is ``derive_seed(seed, epoch)`` when
@@ -24,7 +24,6 @@ import dataclasses
 import math
 import os
 import warnings
-import weakref
 from time import perf_counter
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, TypeVar, Union
 
@@ -43,6 +42,7 @@ from .loader_plan import make_plan
 from .ray_options import RayWorkers
 from ._engine.cpu import usable_cores
 from ._engine.executor.core import PoolExecutor
+from .persistent import PersistentWorkers, started
 
 __all__ = ["DataLoader"]
 
@@ -193,10 +193,7 @@ class DataLoader(Generic[T_co]):
             collate_fn = self._default_collate if batch_sampler is not None else self._default_convert
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
-        self._executor: Optional[PoolExecutor] = None
-        self._finalizer: Optional[weakref.finalize] = None
-        #: The latest pass over persistent workers (a later one takes them over).
-        self._latest_pass: Optional[weakref.ref] = None
+        self._persistent = PersistentWorkers()
         self._IterableDataset_len_called: Optional[int] = None
         #: Epochs, base seeds and resumable state (conveyor.state).
         self._tracker = _state.ResumeTracker()
@@ -367,16 +364,8 @@ class DataLoader(Generic[T_co]):
         """The executor for a new pass, and whether the pass owns it
         (persistent workers are the loader's)."""
         if not plan.keeps_base_seed:
-            return _started(PoolExecutor(plan.loading, plan.running, base_seed)), True
-        latest = self._latest_pass() if self._latest_pass is not None else None
-        if latest is not None:
-            latest.hand_over_workers()
-        if self._executor is None or self._executor.broken:
-            if self._finalizer is not None:
-                self._finalizer()  # stops the broken pool and forgets it
-            self._executor = _started(PoolExecutor(plan.loading, plan.running, base_seed))
-            self._finalizer = weakref.finalize(self, self._executor.shutdown)
-        return self._executor, False
+            return started(PoolExecutor(plan.loading, plan.running, base_seed)), True
+        return self._persistent.for_pass(self, plan, base_seed), False
 
     def __iter__(self) -> LoaderIterator:
         started_at = perf_counter()
@@ -388,7 +377,7 @@ class DataLoader(Generic[T_co]):
         executor, owned = self._executor_for(plan, start.base_seed)
         iterator = LoaderIterator(self, executor, owned, start, indices, plan, started_at)
         if not owned:
-            self._latest_pass = weakref.ref(iterator)
+            self._persistent.taken_by(iterator)
         return iterator
 
     def _warn_pin_memory(self) -> bool:
@@ -402,7 +391,3 @@ class DataLoader(Generic[T_co]):
             f"num_workers={self.num_workers})"
         )
 
-
-def _started(executor: PoolExecutor) -> PoolExecutor:
-    executor.start()
-    return executor
