@@ -38,6 +38,7 @@ import gc
 import json
 import mmap
 import multiprocessing.util
+import linecache
 import os
 import re
 import resource
@@ -1057,10 +1058,13 @@ def test_a_stalled_sample_gives_one_stall_warning_with_the_workers_stack(tmp_pat
     it = iter(loader)
     pid = worker_pids(tmp_path, 1)[0]
     with pytest.warns(StallWarning) as record:
-        got = [b.tolist() for b in it]
+        got = [b.tolist() for b in it]  # (the line the warning points at)
     assert got == [[0], [1], [2], [3]]
     stalls = [w for w in record if issubclass(w.category, StallWarning)]
     assert len(stalls) == 1, [str(w.message) for w in stalls]
+    assert (stalls[0].filename, linecache.getline(stalls[0].filename, stalls[0].lineno).strip()) == (
+        __file__, "got = [b.tolist() for b in it]  # (the line the warning points at)"
+    )
     text = str(stalls[0].message)
     assert f"worker 0 (pid {pid}) has been loading batch 1 (sample indices [1])" in text
     assert "stall_warning=0.5" in text
