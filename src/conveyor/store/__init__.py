@@ -5,7 +5,8 @@ prefetch.
     Store("s3://bucket/data", cache_bytes=20 << 30, endpoint_url=...)
       .read(path[, start, end])  one object (or a byte range), retried with backoff
       .fetch(path)               a local copy in the cache, streamed to disk in chunks,
-                                 checked against its record before use (least recently used go first)
+                                 checked against its record before use (least recently used go first);
+                                 processes fetching the same object wait for one download
       .prefetch(paths)           fetch in the background (a few threads per process)
     StoreFiles(store)            a map-style dataset: object i's bytes
     ShardDataset("shards/", store=store)   shards in the store (shards/dataset.py)
@@ -13,6 +14,7 @@ prefetch.
     _retry.py     which failures are worth retrying (no import of botocore or aiohttp); the retry loop
     _download.py  an object streamed into a local file in chunks, resumed after a dropped connection
     _cache.py     the cache folder: private to the user, entries beside their records, eviction
+    _turns.py     one download of an object at a time across processes (a lock file per object)
     _store.py     Store and StoreFiles
 
 Failures worth retrying (a dropped or refused connection, a timeout, a

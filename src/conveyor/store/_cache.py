@@ -2,9 +2,10 @@
 each beside a record of what it was fetched as, within a size limit.
 
     cache_dir/                              0700 and yours, or refused (checked once per process)
-      <key>-<name>                          an entry: the object's bytes                  0600
-      <key>.record                          what the entry was fetched as (JSON)          0600
-      <key>.<pid>-<start>.<thread>.part     a download in progress (or a record's draft)  0600
+      <key>-<name>                          an entry: the object's bytes                      0600
+      <key>.record                          what the entry was fetched as (JSON)              0600
+      <key>.<pid>-<start>.<thread>.part     a download in progress (or a record's draft)      0600
+      <key>.lock                            held while one process downloads it (_turns.py)   0600
 
     <key>: the first 16 hex digits of the SHA-256 of the object's URL; <name>: its base name;
     <pid>-<start>: the writing process and when it started (so a reused pid is told apart).
@@ -26,8 +27,9 @@ fetched again.
 Room: before and after each download, the ``.part`` files of processes
 that are gone are removed, and the least recently used entries (by mtime;
 a use touches it) with their records, until entries, records and the
-downloads in progress fit ``limit_bytes``. Files with other names are
-neither counted nor touched. A writer is gone when /proc shows no process
+downloads in progress fit ``limit_bytes``; a lock file that a killed
+download left (a few bytes, not counted) is removed once nobody holds it
+(_turns.py). Files with other names are neither counted nor touched. A writer is gone when /proc shows no process
 of its pid and start time, so the processes sharing a cache folder must
 share a pid namespace (containers: give each its own ``cache_dir``).
 """
@@ -43,9 +45,10 @@ import stat
 import tempfile
 import threading
 from dataclasses import asdict, dataclass
-from typing import BinaryIO, Callable, Optional
+from typing import BinaryIO, Callable, ContextManager, Optional
 
 from conveyor.store._download import Copied
+from conveyor.store._turns import remove_if_free, turn
 
 log = logging.getLogger("conveyor")
 
@@ -62,6 +65,7 @@ _VERIFIED_MAX = 1 << 16
 _ENTRY = re.compile(r"([0-9a-f]{16})-.+")
 _RECORD = re.compile(r"([0-9a-f]{16})\.record")
 _PART = re.compile(r"([0-9a-f]{16})\.(\d+)-(\d+)\.(\d+)\.part")
+_LOCK = re.compile(r"([0-9a-f]{16})\.lock")
 
 #: The names of the .part files this process is writing now (unique to an object and a thread).
 _WRITING: set = set()
@@ -157,6 +161,12 @@ class Cache:
         name = os.path.basename(source.rstrip("/"))[-100:] or "object"
         return os.path.join(self.folder, f"{_key(source)}-{name}")
 
+    def turn(self, source: str) -> ContextManager[bool]:
+        """Hold ``source``'s turn to be downloaded, across processes and
+        threads (turns.py): look it up again once held."""
+        key = _key(source)
+        return turn(self.folder, key, _part_name(key))
+
     # ------------------------------------------------------------------ using
     def lookup(self, source: str) -> Optional[str]:
         """The entry for ``source`` if conveyor wrote it and it agrees with its
@@ -201,7 +211,7 @@ class Cache:
         and gets its record, only once ``fill`` returns. On any failure nothing
         is left behind. Returns the entry."""
         key, entry = _key(source), self.entry(source)
-        name = f"{key}.{_writer()}.{threading.get_ident()}.part"
+        name = _part_name(key)
         part = os.path.join(self.folder, name)
         _WRITING.add(name)
         try:
@@ -229,10 +239,14 @@ class Cache:
         come: remove the .part files of processes that are gone, records
         without an entry, then the least recently used entries (but ``keep``)
         with their records."""
-        entries, records, total = [], {}, 0
+        entries, records, locks, total = [], {}, set(), 0
         for name in os.listdir(self.folder):
             path = os.path.join(self.folder, name)
             part, record, entry = _PART.fullmatch(name), _RECORD.fullmatch(name), _ENTRY.fullmatch(name)
+            lock = _LOCK.fullmatch(name)
+            if lock:
+                locks.add(lock.group(1))
+                continue
             if part and not _writer_alive(part):
                 _remove(path)
                 continue
@@ -262,14 +276,22 @@ class Cache:
             if path == keep:
                 continue
             _remove(path)
+            keys.discard(key)
             record_path, record_size = records.pop(key, (None, 0))
             if record_path is not None:
                 _remove(record_path)
             total -= size + record_size
+        for key in locks - keys:
+            remove_if_free(self.folder, key)
 
 
 def _key(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def _part_name(key: str) -> str:
+    """The .part file this process's thread writes object ``key`` into."""
+    return f"{key}.{_writer()}.{threading.get_ident()}.part"
 
 
 def _disagreement(found: os.stat_result, record: Record, source: str) -> Optional[str]:

@@ -132,6 +132,12 @@ class Store:
         found = cache.lookup(source)
         if found is not None:
             return found
+        with cache.turn(source):  # (one download of an object at a time: store/_turns.py)
+            found = cache.lookup(source)
+            return found if found is not None else self._copy(cache, url, source)
+
+    def _copy(self, cache: Cache, url: str, source: str) -> str:
+        """Download the object at ``url`` into a new entry of ``cache``."""
         info = self.retry(f"looking up {source}", lambda: self.fs.info(url))
         cache.evict(incoming_bytes=int(info.get("size") or 0))  # (room first, so the download fits too)
 
