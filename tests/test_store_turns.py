@@ -141,8 +141,10 @@ def test_a_holder_that_makes_no_progress_is_waited_for_no_longer(tmp_path, data,
 
 
 def test_a_holder_that_makes_progress_is_waited_for_and_its_entry_used(tmp_path, data, monkeypatch):
-    monkeypatch.setattr(_turns, "STALL_S", 0.5)  # (shorter than the other's download: its progress keeps us waiting)
-    child = _child(tmp_path, data, "FlakyFS.reset(read_pause_s=0.1)\nstore.fetch('a.bin')\nprint('done')\n")
+    # (its download, 16 chunks 0.2 s apart, takes longer than STALL_S: its progress keeps us waiting;
+    # a busy machine would have to hold it back 2 s between two chunks to make us go ahead)
+    monkeypatch.setattr(_turns, "STALL_S", 2.0)
+    child = _child(tmp_path, data, "FlakyFS.reset(read_pause_s=0.2)\nstore.fetch('a.bin')\nprint('done')\n")
     try:
         deadline = time.monotonic() + 60
         while not glob.glob(str(tmp_path / "cache" / "*.part")) and time.monotonic() < deadline:
