@@ -29,9 +29,10 @@ that are gone are removed, and the least recently used entries (by mtime;
 a use touches it) with their records, until entries, records and the
 downloads in progress fit ``limit_bytes``; a lock file that a killed
 download left (a few bytes, not counted) is removed once nobody holds it
-(_turns.py). Files with other names are neither counted nor touched. A writer is gone when /proc shows no process
-of its pid and start time, so the processes sharing a cache folder must
-share a pid namespace (containers: give each its own ``cache_dir``).
+(_turns.py). Files with other names are neither counted nor touched. A
+writer is gone when /proc shows no process of its pid and start time, so
+the processes sharing a cache folder must share a pid namespace
+(containers: give each its own ``cache_dir``).
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ class Cache:
 
     def turn(self, source: str) -> ContextManager[bool]:
         """Hold ``source``'s turn to be downloaded, across processes and
-        threads (turns.py): look it up again once held."""
+        threads (_turns.py): look it up again once held."""
         key = _key(source)
         return turn(self.folder, key, _part_name(key))
 
