@@ -118,28 +118,31 @@ def test_without_the_wait_for_a_core_waiting_loading_says_it_may_be_that():
 _shares = st.floats(min_value=0.0, max_value=1.0)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    num_workers=st.integers(0, 16),
-    wait=_shares,
-    busy=st.one_of(st.none(), _shares),
-    cpu=_shares,
-    cpu_wait=st.one_of(st.none(), _shares),
-    cores=st.one_of(st.none(), st.tuples(_shares, _shares)),
-    slowest=st.sampled_from(["sampler", "fetch", "collate", "transport", "pin"]),
-)
-def test_no_verdict_names_torch_without_torch_or_prints_a_share_past_100(
-    num_workers, wait, busy, cpu, cpu_wait, cores, slowest
-):
+@st.composite
+def any_stats(draw) -> LoaderStats:
+    """LoaderStats of any consistent run: shares in [0, 1] that add up, any
+    stage the slowest, any worker method."""
+    cpu = draw(_shares)
+    cpu_wait = draw(st.one_of(st.none(), _shares))
     if cpu_wait is not None:
         cpu_wait = min(cpu_wait, 1.0 - cpu)
     job = others = None
+    cores = draw(st.one_of(st.none(), st.tuples(_shares, _shares)))
     if cores is not None:
         job, others = cores[0], min(cores[1], 1.0 - cores[0])
-    stats = _stats(num_workers=num_workers, wait=wait, busy=busy, cpu=cpu, cpu_wait=cpu_wait, job=job, others=others)
+    stats = _stats(
+        num_workers=draw(st.integers(0, 16)), wait=draw(_shares), busy=draw(st.one_of(st.none(), _shares)), cpu=cpu,
+        cpu_wait=cpu_wait, job=job, others=others,
+    )  # fmt: skip
+    slowest = draw(st.sampled_from(["sampler", "fetch", "collate", "transport", "pin"]))
     stages = dict(stats.stages)
     stages[slowest], stages["fetch"] = stages["fetch"], stages[slowest]
-    stats = dataclasses.replace(stats, stages=stages)
+    return dataclasses.replace(stats, stages=stages, worker_method=draw(st.sampled_from(["fork", "thread", "ray"])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(stats=any_stats())
+def test_no_verdict_names_torch_without_torch_or_prints_a_share_past_100(stats):
     saved = {name: module for name, module in sys.modules.items() if name == "torch" or name.startswith("torch.")}
     for name in saved:
         del sys.modules[name]
@@ -153,31 +156,11 @@ def test_no_verdict_names_torch_without_torch_or_prints_a_share_past_100(
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    num_workers=st.integers(0, 16),
-    wait=_shares,
-    busy=st.one_of(st.none(), _shares),
-    cpu=_shares,
-    cpu_wait=st.one_of(st.none(), _shares),
-    cores=st.one_of(st.none(), st.tuples(_shares, _shares)),
-    slowest=st.sampled_from(["sampler", "fetch", "collate", "transport", "pin"]),
-    method=st.sampled_from(["fork", "thread", "ray"]),
-    machine_cores=st.integers(1, 64),
-)
-def test_the_settings_a_verdict_names_for_tools_are_those_its_words_name(
-    num_workers, wait, busy, cpu, cpu_wait, cores, slowest, method, machine_cores
-):
+@given(stats=any_stats(), machine_cores=st.integers(1, 64))
+def test_the_settings_a_verdict_names_for_tools_are_those_its_words_name(stats, machine_cores):
     """conveyor tune acts on ``advised_workers`` and ``advises_prefetch``, not
     on the words: both must say the same, whichever rule speaks."""
-    if cpu_wait is not None:
-        cpu_wait = min(cpu_wait, 1.0 - cpu)
-    job = others = None
-    if cores is not None:
-        job, others = cores[0], min(cores[1], 1.0 - cores[0])
-    stats = _stats(num_workers=num_workers, wait=wait, busy=busy, cpu=cpu, cpu_wait=cpu_wait, job=job, others=others)
-    stages = dict(stats.stages)
-    stages[slowest], stages["fetch"] = stages["fetch"], stages[slowest]
-    verdict = dataclasses.replace(stats, stages=stages, worker_method=method).verdict(cores=machine_cores)
+    verdict = stats.verdict(cores=machine_cores)
     named = [int(n) for n in re.findall(r"\bnum_workers=(\d+)", verdict.advice)]
     assert named == ([] if verdict.advised_workers is None else [verdict.advised_workers]), verdict.advice
     assert ("prefetch_factor" in verdict.advice) == verdict.advises_prefetch, verdict.advice
