@@ -114,7 +114,11 @@ def _fds_named(part):
     return found
 
 
-def test_abandoned_iterators_stop_their_workers_with_the_pin_thread_out_of_the_executor(fake_accelerator, monkeypatch):
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method, passes", [("fork", 40), ("spawn", 3)])
+def test_abandoned_iterators_stop_their_workers_with_the_pin_thread_out_of_the_executor(
+    fake_accelerator, monkeypatch, method, passes
+):
     """Leaving a pass early shuts its workers down while the pin thread may be
     sending them tasks: the pin thread must be out of the executor first
     (once, two threads wrote the same task pipe, and the stop failed half way,
@@ -122,8 +126,8 @@ def test_abandoned_iterators_stop_their_workers_with_the_pin_thread_out_of_the_e
     raised = []
     monkeypatch.setattr(sys, "unraisablehook", lambda report: raised.append(repr(report.exc_value)))
     before = len(_fds_named("memfd:conveyor"))
-    loader = ct.DataLoader(Pairs(), batch_size=2, num_workers=2, pin_memory=True)
-    for _ in range(40):
+    loader = ct.DataLoader(Pairs(), batch_size=2, num_workers=2, pin_memory=True, multiprocessing_context=method)
+    for _ in range(passes):
         for _ in loader:
             break
     assert raised == []
@@ -212,7 +216,9 @@ class _Many:
         return i
 
 
-def test_a_shutdown_from_another_thread_waits_for_the_one_inside_the_executor(monkeypatch):
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method, attempts", [("fork", 25), ("spawn", 3)])
+def test_a_shutdown_from_another_thread_waits_for_the_one_inside_the_executor(monkeypatch, method, attempts):
     """Whatever closes a pass (here its finalizer, as a garbage collection in
     another thread would run it) while a thread is busy inside the executor:
     that thread is told the pass was shut down, and the workers stop once it
@@ -220,8 +226,8 @@ def test_a_shutdown_from_another_thread_waits_for_the_one_inside_the_executor(mo
     raised = []
     monkeypatch.setattr(sys, "unraisablehook", lambda report: raised.append(repr(report.exc_value)))
     before = len(_fds_named("memfd:conveyor"))
-    for attempt in range(25):
-        it = iter(ct.DataLoader(_Many(), batch_size=1, num_workers=2))
+    for attempt in range(attempts):
+        it = iter(ct.DataLoader(_Many(), batch_size=1, num_workers=2, multiprocessing_context=method))
         next(it)
         outcome = []
 
@@ -234,7 +240,7 @@ def test_a_shutdown_from_another_thread_waits_for_the_one_inside_the_executor(mo
 
         driver = threading.Thread(target=drive)
         driver.start()
-        time.sleep(attempt * 0.002)  # (the close lands at a different step of the driver's each time)
+        time.sleep(attempt * 0.004)  # (the close lands at a different step of the driver's each time)
         it._close()
         driver.join(30)
         assert not driver.is_alive()
