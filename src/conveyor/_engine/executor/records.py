@@ -38,8 +38,9 @@ SHUTDOWN_WAIT_S = 5.0
 
 class Interrupted(Exception):
     """``next_batch`` was called off by its ``until`` event: the thread that
-    drives the executor (the pin thread) is asked to stop, so that the
-    executor's owner can shut it down with no other caller inside."""
+    drives the executor (the pin thread) is asked to stop, so that another
+    can shut the executor down, or a later pass take it over, with no
+    other caller inside."""
 
 
 class Lifecycle(enum.Enum):
