@@ -2,9 +2,12 @@
 
     executor.next_batch() ──▶ [pin thread: copy tensors to page-locked memory] ──▶ queue ──▶ __next__
 
-The thread is the executor's only caller while it runs; the main thread only
-reads the queue, waking every ``_POLL_S`` to check the thread is alive, so it
-never waits forever on a thread that died. Closing calls the thread's wait
+The thread starts at the first ``next_batch``, once the caller's thread has
+done ``first`` (the executor's ``send_first``: the first tasks out and the
+workers forked, never from the pin thread). It is the executor's only
+caller while it runs; the main thread only reads the queue, waking every
+``_POLL_S`` to check the thread is alive, so it never waits forever on a
+thread that died. Closing calls the thread's wait
 off (``next_batch(until=stop)`` raises Interrupted) and waits for the thread
 to leave before the executor is shut down (``close(then=...)``), so no two
 threads are ever inside the executor.
