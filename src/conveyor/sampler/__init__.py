@@ -11,6 +11,7 @@ messages; every one can report and restore its position (``state_dict``).
 
 * ``resumable``    the cursor, the resume point, the state dict and its checks
 * ``draws``        where random draws come from (``_flavor``, generators, seeds)
+* ``fingerprint``  the arguments that shape an order, as a state records them (weights' CRC-32, ...)
 * ``samplers``     Sampler, SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 * ``batch``        BatchSampler
 * ``replay``       resuming a sampler that is not conveyor's, by replaying its iteration

@@ -15,8 +15,10 @@
   by chunk, so the generator ends where the uninterrupted run left it.
 
 State dictionaries hold plain JSON values: ``version``, ``kind`` (the class
-name), the settings that must match on load, then ``epoch``, ``position``,
-``in_iteration`` and ``rng`` (the replay record). ``position`` may be lowered
+name), the settings that must match on load (every argument that shapes the
+order; a long one, such as weights, by its fingerprint ``<argument>_crc32``:
+:mod:`.fingerprint`), then ``epoch``, ``position``, ``in_iteration`` and
+``rng`` (the replay record). ``position`` may be lowered
 before loading (a loader that prefetched can rewind to what it delivered).
 A state that does not fit the sampler raises ValueError showing both sides.
 """
@@ -30,6 +32,7 @@ from typing import Any
 
 from ..state_format import mismatch_error
 from .arguments import _check_int, _is_int
+from .fingerprint import describe_arguments, is_fingerprint
 
 _STATE_VERSION = 1
 _PROGRESS_KEYS = ("epoch", "position", "in_iteration", "rng")
@@ -103,8 +106,8 @@ class _Resume:
 
 
 _SAMPLER_FIX = (
-    "Fix: build the sampler with the same dataset and arguments as the run that saved the "
-    "state (and the same conveyor version), or start without load_state_dict."
+    "Fix: load the state into a sampler (and a loader) built with the same dataset and arguments as "
+    "the run that saved it (and the same conveyor version), or start without load_state_dict."
 )
 
 
@@ -122,11 +125,12 @@ def _check_state(kind: str, state: Any, expected: Mapping[str, Any]) -> None:
     if saved_header != header:
         raise _state_error(kind, "the state comes from another kind of sampler or state version.", saved_header, header)
     saved = {key: state.get(key, "<missing>") for key in expected}
-    differing = [key for key in expected if saved[key] != expected[key]]
+    # A state saved before an argument's fingerprint was recorded lacks it: accepted (nothing to check it by).
+    differing = [key for key in expected if saved[key] != expected[key] and (key in state or not is_fingerprint(key))]
     if differing:
         raise _state_error(
             kind,
-            "the state was saved by a sampler with other settings.",
+            f"the state was saved by a sampler with other settings: {describe_arguments(differing)}.",
             {key: saved[key] for key in differing},
             {key: expected[key] for key in differing},
         )

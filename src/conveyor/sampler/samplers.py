@@ -17,6 +17,7 @@ from conveyor.rng import GeneratorLike, derive_seed, source_for
 
 from .arguments import _check_bool, _check_int, _check_positive_int
 from .draws import _DrawsFromGenerator
+from .fingerprint import Crc32Of
 from .resumable import _Resumable, in_blocks
 
 T_co = TypeVar("T_co", covariant=True)
@@ -231,10 +232,16 @@ class SubsetRandomSampler(_DrawsFromGenerator, Sampler[int]):
         self.generator = generator
         if generator is not None:
             self._draws().own(generator)
+        self._indices_crc32 = Crc32Of()
         self._init_progress()
 
     def _settings(self) -> dict[str, Any]:
-        return {"num_indices": len(self.indices), **self._generator_settings()}
+        # The indices' values shape the order (the count alone does not): their fingerprint.
+        return {
+            "num_indices": len(self.indices),
+            "indices_crc32": self._indices_crc32(self.indices),
+            **self._generator_settings(),
+        }
 
     def _max_position(self) -> int:
         return len(self.indices)
@@ -283,11 +290,13 @@ class WeightedRandomSampler(_DrawsFromGenerator, Sampler[int]):
         self.generator = generator
         if generator is not None:
             self._draws().own(generator)
+        self._weights_crc32 = Crc32Of()
         self._init_progress()
 
     def _settings(self) -> dict[str, Any]:
         return {
             "num_weights": len(self.weights),
+            "weights_crc32": self._weights_crc32(self.weights),
             "num_samples": self.num_samples,
             "replacement": self.replacement,
             **self._generator_settings(),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -12,6 +11,7 @@ from conveyor.rng import derive_seed, source_for
 
 from .arguments import _check_bool, _check_int, _check_positive_int
 from .distributed import _check_rank, _shard
+from .fingerprint import values_crc32
 from .resumable import _Resumable
 from .samplers import Sampler
 
@@ -79,7 +79,7 @@ class TokenBudgetBatchSampler(_Resumable, Sampler[list[int]]):
         self.drop_last = _check_bool("drop_last", drop_last)
         self.seed = _check_int("seed", seed)
         self.num_replicas, self.rank = _check_rank(num_replicas, rank)
-        self._lengths_crc32 = zlib.crc32(self.lengths.tobytes())
+        self._lengths_crc32 = values_crc32(self.lengths)  # (lengths are copied: fixed from here on)
         self._plan_cache: tuple[int, list[list[int]]] | None = None
         self._init_progress()
 
