@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from .rng import derive_seed, is_torch_generator, source_for
+from .sampler.fingerprint import describe_arguments, torch_sampler_arguments
 
 
 #: Version of the loader state layout; a state of another version is refused.
@@ -43,7 +44,7 @@ from .rng import derive_seed, is_torch_generator, source_for
 STATE_VERSION = 2
 KIND = "DataLoader"
 LOADER_FIX = (
-    "Fix: build the DataLoader with the same dataset and arguments as the run that saved the state "
+    "Fix: build the DataLoader (and its sampler) with the same dataset and arguments as the run that saved the state "
     "(num_workers may differ for map-style datasets), or start without load_state_dict."
 )
 #: Keys of a loader state besides the header; all must be present.
@@ -146,6 +147,8 @@ def settings(view: LoaderView) -> dict[str, Any]:
         # Map-style batches do not depend on the workers; an iterable dataset's do.
         "num_workers": view.num_workers if view.iterable else "any",
         **_rank_layout(view),
+        # torch's own samplers have no state: the loader records what shapes their order.
+        **({} if view.iterable else torch_sampler_arguments(sampler)),
     }
 
 
@@ -249,11 +252,15 @@ def check_settings(view: LoaderView, saved: Any) -> None:
     mine = settings(view)
     if not isinstance(saved, Mapping):
         raise ValueError(f"DataLoader.load_state_dict: the state's settings are not a dict: {saved!r}")
-    differing = [key for key in mine if saved.get(key, "<missing>") != mine[key]]
+    # A state saved before a torch sampler's arguments were recorded lacks them: accepted (nothing to check them by).
+    differing = [key for key in mine if saved.get(key, "<missing>") != mine[key] and (key in saved or "." not in key)]
     if differing:
+        arguments = [key for key in differing if "." in key]
+        others = "with other settings" if len(arguments) < len(differing) else ""
+        whose = f"whose sampler has other arguments: {describe_arguments(arguments)}" if arguments else ""
         raise mismatch_error(
             "DataLoader",
-            "the state was saved by a loader with other settings.",
+            f"the state was saved by a loader {' and '.join(part for part in (others, whose) if part)}.",
             {key: saved.get(key, "<missing>") for key in differing},
             {key: mine[key] for key in differing},
             LOADER_FIX,
