@@ -358,7 +358,18 @@ class ShardedSampler(_Resumable, Sampler[Any]):
                 f"ShardedSampler cannot resume: the sampler it wraps, {type(self.sampler).__name__}, has no "
                 f"state_dict/load_state_dict to draw the epoch's sequence again; give it those methods"
             )
+        record = state.get("rng") if isinstance(state, Mapping) and state.get("in_iteration") is True else None
+        if isinstance(record, Mapping):
+            self._check_inner(record)
         super().load_state_dict(state)
+
+    def _check_inner(self, record: Mapping[str, Any]) -> None:
+        """Let the wrapped sampler refuse, now, the state its iteration is to
+        replay (loaded only when that iteration starts): loaded into it, then
+        its own state put back. (Refused, it has changed nothing.)"""
+        before = self.sampler.state_dict()
+        self.sampler.load_state_dict(record)
+        self.sampler.load_state_dict(before)
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
