@@ -41,6 +41,7 @@ from .reads import EmptyBatch
 from ..transport.messages import Batch, Exhausted, Fatal, LoadTimes, Task, TaskFailed
 from .rows import RowPlacer, SlotAllocator
 from ..transport.encoding import encode
+from ..transport.pickling import pack_result
 from ..transport.slots import SlotWriter, StopFlag
 from ..transport.wire import pack
 from ...rng import global_generator_states, restore_global_generators, thread_sample_random
@@ -201,7 +202,7 @@ class Serving:
                 self._noted = True
                 message = dataclasses.replace(message, note=writer.full)
             try:
-                return pack(message)
+                return pack_result(message)
             except Exception:  # e.g. a collate_fn's output that does not pickle
                 return pack(self.failed(task, "while sending its result to the main process"))
         finally:

@@ -1,9 +1,20 @@
-"""Finding what cannot be pickled, before any worker starts.
+"""Pickling across the process boundary: what a worker receives, what it sends back.
+
+    main ──dumps (cloudpickle: the script's classes by value)──▶ worker
+    main ◀──pack_result (plain pickle; the script's classes by name)── worker
 
 Under spawn and forkserver the dataset, ``collate_fn`` and ``worker_init_fn``
 travel to workers cloudpickled. When that fails, the user needs the attribute
 path of the culprit (``dataset.handle`` → ``_thread.lock``), not a bare
 "cannot pickle '_thread.lock' object" from deep inside pickle.
+
+Results come back with plain pickle, which sends each class by name. A class
+of the user's script (``__main__``) then has no name in a spawn or forkserver
+worker: the worker's copy was rebuilt by value, and the worker's ``__main__``
+is not the script (spawn) or holds another copy (forkserver). Such a class
+is sent as the name :func:`script_object` looks up in the main process's
+``__main__``, so the user gets instances of the script's own class, as from
+torch's workers (which run the script again).
 """
 
 from __future__ import annotations
@@ -12,11 +23,15 @@ import contextlib
 import functools
 import io
 import pickle
+import sys
+import types
 from collections import ChainMap
 from typing import Any, Iterator, Optional
 
 import cloudpickle
 from multiprocessing.reduction import ForkingPickler
+
+from .wire import pack
 
 
 class SpawnFds:
@@ -153,3 +168,75 @@ def check_picklable(named: dict[str, Any], start_method: str) -> None:
         except Exception:
             err = TypeError(message)
         raise err from original
+
+
+# ------------------------------------------------------------------ results
+def _lookup(qualname: str) -> Any:
+    """What this process's ``__main__`` holds under ``qualname`` (dotted for
+    a nested class); raises AttributeError when nothing does."""
+    found: Any = sys.modules["__main__"]
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def script_object(qualname: str) -> Any:
+    """The class (or function) of the script named ``qualname``: what a
+    worker's result names in place of its copy (see :func:`pack_result`),
+    found in the main process's ``__main__``."""
+    try:
+        return _lookup(qualname)
+    except AttributeError:
+        raise AttributeError(
+            f"conveyor: a worker's result holds {qualname!r}, defined in the script (__main__), and the "
+            f"script has no {qualname!r} at its top level. Give the class the name it is assigned to "
+            f"(collections.namedtuple({qualname.rpartition('.')[2]!r}, ...) assigned to "
+            f"{qualname.rpartition('.')[2]}), define it at the top level of the script, or move it to a module."
+        ) from None
+
+
+class _ScriptClassPickler(pickle.Pickler):
+    """Plain pickle, except that a class or function of ``__main__`` that
+    this process's ``__main__`` does not hold under its name is sent as
+    that name (:func:`script_object`); ``named`` says whether one was."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.named = False
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) == "__main__":
+            qualname = getattr(obj, "__qualname__", "")
+            if isinstance(qualname, str) and qualname and "<" not in qualname:  # (no lambda, no local class)
+                try:
+                    found = _lookup(qualname) is obj
+                except Exception:  # (nothing under that name; or a module __getattr__ of the script's that raises)
+                    found = False
+                if not found:
+                    self.named = True
+                    return script_object, (qualname,)
+        return NotImplemented
+
+
+#: Whether this process has sent a class of the script by name: its later
+#: results go straight to _ScriptClassPickler (the script's batches hold one).
+_script_classes_sent = False
+
+
+def pack_result(message: Any) -> bytes:
+    """``message`` pickled for the main process (a worker's result), as
+    :func:`wire.pack` does; classes of the user's script that this worker
+    cannot send by reference travel by name. Raises what pickling raises
+    (a leaf that cannot be pickled)."""
+    global _script_classes_sent
+    if not _script_classes_sent:
+        try:
+            return pack(message)  # (the hot path: every result of a worker that never met a script class)
+        except Exception:
+            pass  # (again below, where a script class can be the reason; else that raises the same error)
+    buffer = io.BytesIO()
+    pickler = _ScriptClassPickler(buffer)
+    pickler.dump(message)
+    if pickler.named:
+        _script_classes_sent = True
+    return buffer.getvalue()
