@@ -4,7 +4,7 @@
     iter(loader)        ──▶ DatasetEpoch.now(dataset): its ``epoch``, else the e remembered
                         ──▶ every Task of the pass (Task.dataset_epoch)
     worker, the pass's first task ──▶ IterableFetcher.begin_epoch: its copy.set_epoch(e) when
-                        its copy had another epoch (loading/fetch.py: ``EpochFollower``)
+                        its copy had another epoch (loading/fetch.py: ``IterableFetcher._follow``)
 
 Without persistent workers each pass's workers copy the main process's
 dataset as it is then, epoch included. Persistent workers keep the copy they
