@@ -133,7 +133,8 @@ def test_persistent_actors_follow_the_epoch_of_an_iterable_dataset():
         loader = DataLoader(dataset, batch_size=4, num_workers=2, **kwargs)
         out = []
         for epoch in range(3):
-            dataset.set_epoch(epoch), loader.set_epoch(epoch)
+            dataset.set_epoch(epoch)
+            loader.set_epoch(epoch)
             out.append([batch.tolist() for batch in loader])
         return out
 

@@ -115,13 +115,15 @@ def rest_after_a_save(epoch: int, position: Optional[int], workers: str) -> list
     dataset, loader = make()
     seen = []
     for e in range(epoch):
-        dataset.set_epoch(e), loader.set_epoch(e)
+        dataset.set_epoch(e)
+        loader.set_epoch(e)
         seen.append([values(b) for b in loader])
     head = []
     if position is None:
         state = json_round_trip(loader.state_dict())
     else:
-        dataset.set_epoch(epoch), loader.set_epoch(epoch)
+        dataset.set_epoch(epoch)
+        loader.set_epoch(epoch)
         it = iter(loader)
         head = [values(next(it)) for _ in range(position)]
         state = json_round_trip(loader.state_dict())
@@ -133,23 +135,27 @@ def rest_after_a_save(epoch: int, position: Optional[int], workers: str) -> list
     resumed.set_epoch(epoch)
     seen.append(head + [values(b) for b in resumed])
     for e in range(epoch + 1, EPOCHS):
-        dataset.set_epoch(e), resumed.set_epoch(e)
+        dataset.set_epoch(e)
+        resumed.set_epoch(e)
         seen.append([values(b) for b in resumed])
     return seen
 
 
+SAVES = {"inside": (1, 3), "at-start": (1, 0), "between-0-1": (1, None), "between-1-2": (2, None)}
+
+
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("workers", ["fork", "threads"])
 @pytest.mark.parametrize(
-    "epoch, position", [(1, 3), (1, 0), (1, None), (2, None)], ids=["inside", "at-start", "between-0-1", "between-1-2"]
+    "workers, save", [(w, save) for w in ("fork", "threads") for save in SAVES] + [("spawn", "between-0-1")]
 )
-def test_a_state_saved_with_persistent_workers_resumes_the_same_epochs(workers, epoch, position):
+def test_a_state_saved_with_persistent_workers_resumes_the_same_epochs(workers, save):
+    epoch, position = SAVES[save]
     expected = run(ResumableEpochs(), "both", persistent=False, workers=workers, batch_size=2)
     assert len({repr(e) for e in expected}) == EPOCHS
     assert rest_after_a_save(epoch, position, workers) == expected
 
 
-def test_the_epoch_reaches_the_copy_of_each_worker_under_its_name():
+def test_a_set_epoch_that_raises_in_a_worker_names_the_call():
     """What a user's set_epoch raises in a worker names the call."""
 
     class Refuses(EpochShuffled):
