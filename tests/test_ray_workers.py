@@ -7,7 +7,8 @@ local Ray instance (started once for the module, nothing of it left after).
     state_dict after k batches ──▶ a fresh loader yields the rest, the same
     a user's exception ──▶ its type, its traceback, the batch's indices
     a batch that does not pickle ──▶ its TypeError, as from a process
-    an iterable dataset ──▶ the items worker processes yield, in their order
+    an iterable dataset ──▶ the items worker processes yield, in their order; persistent
+                  actors' copies follow set_epoch as fresh processes' do
     a worker's process killed, or its actor (ray.kill), mid-epoch ──▶ WorkerDiedError naming the worker,
                   its node and the batch in hand (never a hang); with
                   RayWorkers(restart_lost=1) the epoch completes, the same
@@ -121,6 +122,25 @@ def test_persistent_actors_give_every_epoch_the_batches_of_worker_processes():
     actors = DataLoader(Augmented(), worker_method="ray", **kwargs)
     for _ in range(2):  # (a new epoch: a new shuffle and new seeds, the same actors)
         assert rows(actors) == rows(processes)
+
+
+def test_persistent_actors_follow_the_epoch_of_an_iterable_dataset():
+    """set_epoch reaches the actors' copies: each epoch as fresh worker processes give it (issue 32)."""
+    from epoch_datasets import EpochShuffled
+
+    def epochs(**kwargs):
+        dataset = EpochShuffled()
+        loader = DataLoader(dataset, batch_size=4, num_workers=2, **kwargs)
+        out = []
+        for epoch in range(3):
+            dataset.set_epoch(epoch)
+            loader.set_epoch(epoch)
+            out.append([batch.tolist() for batch in loader])
+        return out
+
+    expected = epochs()
+    assert epochs(worker_method="ray", persistent_workers=True) == expected
+    assert len({repr(epoch) for epoch in expected}) == 3
 
 
 def test_a_state_saved_mid_epoch_resumes_with_the_same_batches():

@@ -47,8 +47,9 @@ class LoaderIterator:
     """One pass over the data. Owns its executor unless workers persist."""
 
     def __init__(
-        self, loader: Any, executor: Executor, owned: bool, start: Start, indices: Iterator, plan: Plan, started_at: float
-    ):
+        self, loader: Any, executor: Executor, owned: bool, start: Start, indices: Iterator, plan: Plan, started_at: float,
+        dataset_epoch: Optional[int] = None,
+    ):  # fmt: skip
         self._loader = loader  # (for len(iterator) only)
         self._plan = plan
         progress, resume = start.progress, start.resume
@@ -62,7 +63,7 @@ class LoaderIterator:
         drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, plan.sampling.index_sampler, first=first == 0))
         progress.draw_first = drawn.draw_first
         epoch_id = next(_pass_ids)
-        tasks = _plan(drawn, epoch_id, start.base_seed, first, skip, plan.loading.kind)
+        tasks = _plan(drawn, epoch_id, start.base_seed, first, skip, plan.loading.kind, dataset_epoch)
         try:
             starting = executor.begin_epoch(epoch_id, tasks, first, skip, start.copies)
         except BaseException:  # (an iterable's __iter__ or load_state_dict raised, num_workers=0)
@@ -186,11 +187,14 @@ class LoaderIterator:
         raise TypeError(f"{type(self).__name__} cannot be pickled; save loader.state_dict() instead")
 
 
-def _plan(indices: Iterator, epoch_id: int, base_seed: int, first_index: int, skip: frozenset, kind: Any) -> Iterator[Task]:
-    """The pass's tasks from batch ``first_index`` on, each with its seed and
-    the time the sampler took to draw it, leaving out ``skip`` (the executor
-    books each as it sends it). (A resumed sampler that cannot jump has
-    already drawn and dropped the batches before ``first_index``: ``replay``.)"""
+def _plan(
+    indices: Iterator, epoch_id: int, base_seed: int, first_index: int, skip: frozenset, kind: Any,
+    dataset_epoch: Optional[int] = None,
+) -> Iterator[Task]:  # fmt: skip
+    """The pass's tasks from batch ``first_index`` on, each with its seed,
+    the time the sampler took to draw it and the dataset's epoch
+    (dataset_epoch.py), leaving out ``skip`` (the executor books each as
+    it sends it). (A resumed sampler that cannot jump has already drawn and dropped the batches before ``first_index``: ``replay``.)"""
     batch_index = first_index
     while True:
         asked_at = perf_counter()
@@ -202,7 +206,8 @@ def _plan(indices: Iterator, epoch_id: int, base_seed: int, first_index: int, sk
             # Map-style: the batch's own seed. Iterable: the base seed; the
             # fetcher derives each batch's from (worker, its batch count).
             seed = kind.batch_seed(base_seed, batch_index)
-            yield Task(epoch_id, batch_index, seed, batch, sampler_s=perf_counter() - asked_at)
+            sampler_s = perf_counter() - asked_at
+            yield Task(epoch_id, batch_index, seed, batch, dataset_epoch=dataset_epoch, sampler_s=sampler_s)
         batch_index += 1
 
 

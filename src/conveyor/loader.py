@@ -43,6 +43,7 @@ from .ray_options import RayWorkers
 from ._engine.cpu import usable_cores
 from ._engine.executor.core import PoolExecutor
 from .persistent import PersistentWorkers, started
+from .dataset_epoch import DatasetEpoch
 
 __all__ = ["DataLoader"]
 
@@ -194,6 +195,7 @@ class DataLoader(Generic[T_co]):
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
         self._persistent = PersistentWorkers()
+        self._dataset_epoch = DatasetEpoch(iterable)  # (what the workers' copies are told: dataset_epoch.py)
         self._IterableDataset_len_called: Optional[int] = None
         #: Epochs, base seeds and resumable state (conveyor.state).
         self._tracker = _state.ResumeTracker()
@@ -243,7 +245,8 @@ class DataLoader(Generic[T_co]):
         return len(self._index_sampler)
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration epoch ``epoch`` (and tell the samplers).
+        """Make the next iteration epoch ``epoch`` (and tell the samplers, and
+        an iterable dataset that has ``set_epoch``: every worker's copy follows).
 
         With ``seed=``, the epoch picks the shuffle and the batch seeds, so
         calling ``set_epoch(e)`` before ``iter()`` reproduces epoch ``e``.
@@ -258,6 +261,7 @@ class DataLoader(Generic[T_co]):
                 if dropped:
                     warnings.simplefilter("ignore")  # the loader has said it once
                 target.set_epoch(epoch)
+        self._dataset_epoch.give(self.dataset, epoch)
 
     def stats(self, since: Optional[_stats.LoaderStats] = None) -> _stats.LoaderStats:
         """Where this loader's time went, over every pass so far (see
@@ -375,7 +379,8 @@ class DataLoader(Generic[T_co]):
         start = self._tracker.begin(_state.LoaderView.of(plan))  # the base seed is drawn before the sampler draws, as torch
         indices = iter(plan.sampling.index_sampler)
         executor, owned = self._executor_for(plan, start.base_seed)
-        iterator = LoaderIterator(self, executor, owned, start, indices, plan, started_at)
+        epoch = self._dataset_epoch.now(self.dataset)  # (the dataset's, for the workers' copies)
+        iterator = LoaderIterator(self, executor, owned, start, indices, plan, started_at, epoch)
         if not owned:
             self._persistent.taken_by(iterator)
         return iterator

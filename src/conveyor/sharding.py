@@ -95,7 +95,9 @@ class ShardedIterable(IterableDataset):
     Skipped items are still drawn from ``source`` (to find each shard's
     items), so keep ``source`` cheap and put the work in ``transform``.
     With a ``transform`` that returns an iterable per item, set
-    ``flatten=True`` to yield its elements.
+    ``flatten=True`` to yield its elements. ``set_epoch(e)`` is passed on
+    to a ``source`` that has ``set_epoch`` (one that reorders per epoch), and
+    ``DataLoader.set_epoch`` reaches every worker's copy (persistent ones too).
     """
 
     def __init__(
@@ -127,6 +129,20 @@ class ShardedIterable(IterableDataset):
         self.rank = rank
         self.flatten = flatten
         self.even = even
+        self._epoch: Optional[int] = None
+
+    @property
+    def epoch(self) -> Optional[int]:
+        """The source's epoch (its ``epoch``), else the one ``set_epoch`` was given last (None: none)."""
+        epoch = getattr(self.source, "epoch", None)
+        return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Pass ``epoch`` on to ``source`` when it has ``set_epoch``."""
+        self._epoch = int(epoch)
+        set_epoch = getattr(self.source, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
 
     def world(self) -> tuple[int, int]:
         """(number of replicas, this replica's rank)."""

@@ -47,6 +47,14 @@ class CopyState:
         return cls(copy["dataset_state"], copy["iterator_state"], copy["iterator_ended"], copy["served"])
 
     @property
+    def carried_over(self) -> bool:
+        """Whether this is a copy carried into a new epoch from the one before
+        (:meth:`Copies.next_epoch`: its dataset's state, nothing of this
+        epoch yet). A copy that had begun an epoch and served nothing from an
+        iterator without a state looks the same, and is resumed the same."""
+        return self.iterator_state is None and not self.iterator_ended and self.served == 0
+
+    @property
     def reads_again(self) -> int:
         """Batches whose items a resumed copy reads again: it has no state to
         go on from and had not ended (IterableFetcher.begin_epoch moves it on

@@ -114,7 +114,7 @@ class MapFetcher:
         """A map-style task carries its batch's seed: derive_seed(base_seed, batch index)."""
         return task_seed
 
-    def begin_epoch(self, restore: Optional[CopyState] = None) -> None:
+    def begin_epoch(self, restore: Optional[CopyState] = None, epoch: Optional[int] = None) -> None:
         """A new epoch: nothing to start (samples are named by the tasks)."""
 
     def state(self) -> None:
@@ -158,6 +158,9 @@ class IterableFetcher:
         self.skipped: list = []
         #: Batches this process's copy has been asked for this epoch.
         self.served = 0
+        #: The epoch this copy was told of last (``Task.dataset_epoch``); None
+        #: before its first pass, when it is the main process's copy as it was.
+        self._epoch: Optional[int] = None
 
     def seed_for(self, task_seed: Optional[int]) -> Optional[int]:
         """An iterable task carries the epoch's base seed; batch ``k`` of
@@ -165,21 +168,32 @@ class IterableFetcher:
         not depend on how the main process happened to hand out tasks."""
         return None if task_seed is None else derive_seed(task_seed, self.worker_id, self.served)
 
-    def begin_epoch(self, restore: Optional[CopyState] = None) -> None:
+    def begin_epoch(self, restore: Optional[CopyState] = None, epoch: Optional[int] = None) -> None:
         """Begin a new pass over the dataset (a new epoch), or continue one
         from ``restore`` (as :meth:`state` made it): the dataset's state
         is loaded, ``iter()`` called, then the iterator's state loaded; a
         copy with neither state is moved on past the items of the batches
         already served (read again, not collated), as torchdata does. When
-        the dataset's ``__iter__`` or ``load_state_dict`` raises, this copy
-        has no data this epoch (as a generator that raised)."""
+        the dataset's ``__iter__``, ``set_epoch`` or ``load_state_dict``
+        raises, this copy has no data this epoch (as a generator that raised).
+
+        ``epoch``: the main process's copy's epoch (dataset_epoch.py), given
+        to this copy's ``set_epoch`` before ``iter()`` (:meth:`_follow`). A
+        state from inside an epoch was saved after its ``set_epoch``, so it is
+        loaded after; a copy carried from the epoch before had its state
+        first, so ``set_epoch`` comes after that state."""
         dataset = self.spec.dataset
         self._iterator, self._begun = iter(()), False
         self.ended = True
         self.served = 0
+        carried = restore is not None and restore.carried_over
+        if not carried:
+            self._follow(epoch)
         if restore is not None and restore.dataset_state is not None:
             with self._loading("dataset_state", dataset):
                 dataset.load_state_dict(restore.dataset_state)
+        if carried:
+            self._follow(epoch, always=True)
         iterator = iter(dataset)
         if restore is not None and restore.iterator_state is not None:
             if not callable(getattr(iterator, "load_state_dict", None)):
@@ -199,6 +213,23 @@ class IterableFetcher:
         self.served = int(restore.served)
         if restore.reads_again:  # (resume mechanism 4: docs/architecture.md, "Resume mechanisms")
             self._skip_items(self.served * self._per_batch)
+
+    def _follow(self, epoch: Optional[int], always: bool = False) -> None:
+        """Give this copy the main process's epoch when it had another one
+        (a persistent worker's copy at a later pass), or ``always`` (a copy
+        whose state came from the epoch before). At a worker's first pass the
+        copy is the main process's as it was then, its epoch included."""
+        if epoch is None:
+            return
+        if always or (self._epoch is not None and epoch != self._epoch):
+            dataset = self.spec.dataset
+            try:
+                dataset.set_epoch(epoch)
+            except Exception as exc:
+                add_note(exc, f"(conveyor: raised by {type(dataset).__name__}.set_epoch({epoch}) in worker "
+                              f"{self.worker_id}, giving its copy the epoch of the main process's)")  # fmt: skip
+                raise
+        self._epoch = epoch
 
     @contextlib.contextmanager
     def _loading(self, key: str, owner: Any) -> Iterator[None]:

@@ -256,7 +256,7 @@ class Serving:
         try:
             if task.epoch_id != self._epoch_id:
                 self._epoch_id = task.epoch_id
-                fetcher.begin_epoch(task.restore)  # an iterable's copy: its __iter__, load_state_dict
+                fetcher.begin_epoch(task.restore, task.dataset_epoch)  # an iterable's copy: set_epoch, __iter__, load_state_dict
             if writer is not None:
                 writer.begin()
             clock = StageClock() if config.timed else None

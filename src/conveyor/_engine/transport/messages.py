@@ -28,7 +28,7 @@ class Task:
     """Load one batch: what to load, from the loader's plan to a worker.
 
     The pass's plan makes it (``iteration._plan``: epoch, index, seed,
-    indices, the sampler's time); the executor books it when it hands it to
+    indices, the sampler's time, the dataset's epoch); the executor books it when it hands it to
     a worker (``slot``, ``restore``, ``fill_threads``) and keeps it until
     its answer arrives; nothing changes it after.
 
@@ -55,6 +55,10 @@ class Task:
     #: 0: one thread at a lower CPU priority (another worker's first batch
     #: while that one loads).
     fill_threads: int = 1
+    #: The epoch of the main process's copy of an iterable dataset that has
+    #: ``set_epoch`` when the pass began (dataset_epoch.py): a worker's copy is
+    #: given it before the pass's ``iter()`` if it had another. None: none.
+    dataset_epoch: Optional[int] = None
     #: Seconds the sampler took to draw the indices (the batch's timings);
     #: stays in the main process.
     sampler_s: float = 0.0
@@ -62,7 +66,7 @@ class Task:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """What crosses to a worker process: the fields a worker reads, in
         order (smaller and quicker to read back than field by name)."""
-        return (Task, (self.epoch_id, self.batch_index, self.seed, self.indices, self.slot, self.restore, self.fill_threads))
+        return (Task, (self.epoch_id, self.batch_index, self.seed, self.indices, self.slot, self.restore, self.fill_threads, self.dataset_epoch))
 
 
 @dataclass(frozen=True)
