@@ -34,6 +34,7 @@ import conveyor.sampler as _sampler
 import conveyor.skips as _skips
 import conveyor.state as _state
 import conveyor.stats as _stats
+from .first_draw import FirstDrawAhead, pass_batches
 from .iteration import LoaderIterator
 from ._engine.executor.pin import pinning
 from .stats.scalars import MetricsWriter, stats_callback
@@ -372,10 +373,14 @@ class DataLoader(Generic[T_co]):
         plan = self._plan()
         if plan.delivering.pin:  # (whether it can be done, said once per pass, as torch says it)
             plan = dataclasses.replace(plan, delivering=dataclasses.replace(plan.delivering, pin=self._warn_pin_memory()))
-        start = self._tracker.begin(_state.LoaderView.of(plan))  # the base seed is drawn before the sampler draws, as torch
-        indices = iter(plan.sampling.index_sampler)
+        batches: list[FirstDrawAhead] = []  # (wired before the tracker publishes the pass: first_draw.py)
+
+        def wire(start: _state.Start) -> None:
+            batches.append(pass_batches(start, plan.sampling.index_sampler, plan.sampling.sampler_text))
+
+        start = self._tracker.begin(_state.LoaderView.of(plan), wire)  # the base seed is drawn before the sampler draws, as torch
         executor, owned = self._executor_for(plan, start.base_seed)
-        iterator = LoaderIterator(self, executor, owned, start, indices, plan, started_at)
+        iterator = LoaderIterator(self, executor, owned, start, batches[-1], plan, started_at)
         if not owned:
             self._persistent.taken_by(iterator)
         return iterator
