@@ -46,7 +46,7 @@ class EpochProgress:
     #: Fingerprint of the epoch's first batch of indices, to check a replay by.
     first_batch: Optional[str] = None
     #: Draws the iteration's first batch of indices now, if it was not yet
-    #: (set by the iterator; see iteration._FirstDrawAhead).
+    #: (set before the pass is published; see first_draw.FirstDrawAhead).
     draw_first: Optional[Callable[[], None]] = None
     position: int = 0
     delivered_ahead: set[int] = field(default_factory=set)
@@ -69,16 +69,32 @@ class EpochProgress:
         # A pickled loader (spawn workers get one) keeps the record, not the live iteration.
         return {**self.__dict__, "draw_first": None}
 
-    def delivered(self, index: int) -> None:
-        """Batch ``index`` reached the user (or raised there)."""
-        if index == self.position:
-            self.position += 1
-            ahead = self.delivered_ahead
-            while ahead and self.position in ahead:
-                ahead.discard(self.position)
-                self.position += 1
-        elif index > self.position:
-            self.delivered_ahead.add(index)
+    def delivered(self, index: int, copies: Optional[Copies] = None) -> None:
+        """Batch ``index`` reached the user (or raised there); ``copies``:
+        where an iterable dataset's copies stand as of it. Again for the
+        same batch, nothing changes.
+
+        Safe from a signal handler's save: the record changes in one call
+        (a handler runs before or after it), so a state never holds a
+        position and copies of two different batches."""
+        position, ahead = self.position, self.delivered_ahead
+        if index == position:
+            position += 1
+            if ahead:
+                ahead = set(ahead)
+                while position in ahead:
+                    ahead.discard(position)
+                    position += 1
+        elif index > position:
+            ahead = ahead | {index}
+        changes: dict[str, Any] = {"position": position, "delivered_ahead": ahead}
+        if copies is not None:
+            changes["copies"] = copies
+        vars(self).update(changes)
+
+    def finish(self, copies: Optional[Copies]) -> None:
+        """The pass ended; ``copies``: where an iterable dataset's copies stand at its end (None: as they were)."""
+        vars(self).update({"finished": True} if copies is None else {"finished": True, "copies": copies})
 
     def note_first_draw(self, index_sampler: Any, batch: Any, *, first: bool) -> None:
         """The first batch of indices drawn by this iteration (``first``:

@@ -1,7 +1,7 @@
 """One pass over the data: the plan, the executor, delivery to the loop.
 
     iter(loader) ──▶ LoaderIterator(start, index sampler's batches, the loader's plan)
-        plan:      replay (a resumed sampler that cannot jump) ──▶ _FirstDrawAhead
+        plan:      the sampler's batches (first_draw.py: replayed, first drawn ahead)
                    ──▶ _plan: Task(pass id, index, seed, indices) for each batch
         executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(batch_index, data | error, copies, timings, skipped)
         delivery:  skipped samples ──▶ SkipLedger (skip_bad_samples: log, stats, budget);
@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import itertools
 import sys
-import threading
 import warnings
 import weakref
-from functools import partial
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
@@ -33,7 +31,6 @@ from ._engine.executor.records import Delivered, Executor
 from ._engine.executor.pin import PinThread, pin_tree
 from ._engine.transport.messages import Task
 from .plan import Plan
-from .sampler.replay import replay
 from .skips import BadSampleBudgetExceeded, SkipLedger
 from .state import EpochProgress, Start
 from .stats import StatsRecorder
@@ -47,7 +44,7 @@ class LoaderIterator:
     """One pass over the data. Owns its executor unless workers persist."""
 
     def __init__(
-        self, loader: Any, executor: Executor, owned: bool, start: Start, indices: Iterator, plan: Plan, started_at: float,
+        self, loader: Any, executor: Executor, owned: bool, start: Start, batches: Iterator, plan: Plan, started_at: float,
         dataset_epoch: Optional[int] = None,
     ):  # fmt: skip
         self._loader = loader  # (for len(iterator) only)
@@ -58,12 +55,8 @@ class LoaderIterator:
         self._progress = progress
         self._num_yielded = resume.count if resume is not None else 0
         first, skip = (resume.position, resume.delivered_ahead) if resume is not None else (0, frozenset())
-        if resume is not None and resume.sampler_skip:  # (resume mechanism 2: docs/architecture.md)
-            indices = replay(indices, resume.sampler_skip, resume.first_batch, plan.sampling.sampler_text)
-        drawn = _FirstDrawAhead(indices, partial(progress.note_first_draw, plan.sampling.index_sampler, first=first == 0))
-        progress.draw_first = drawn.draw_first
         epoch_id = next(_pass_ids)
-        tasks = _plan(drawn, epoch_id, start.base_seed, first, skip, plan.loading.kind, dataset_epoch)
+        tasks = _plan(batches, epoch_id, start.base_seed, first, skip, plan.loading.kind, dataset_epoch)
         try:
             starting = executor.begin_epoch(epoch_id, tasks, first, skip, start.copies)
         except BaseException:  # (an iterable's __iter__ or load_state_dict raised, num_workers=0)
@@ -92,6 +85,13 @@ class LoaderIterator:
         self._skips = SkipLedger(budget, delivering.epoch_samples, progress.skipped) if budget is not None else None
         if self._stats is not None:
             self._pass_id = self._stats.begin_pass(started_at, _length(plan), num_workers, plan.running.method)
+        self._executor = executor
+        #: A batch taken from the executor and not yet handed out (see _next).
+        self._held: Optional[Delivered] = None
+        #: The latest batch the stats counted (a held batch is counted once).
+        self._counted = -1
+        #: Why next() cannot go on (see _interrupted), or None.
+        self._cannot_go_on: Optional[str] = None
         self._finalizer = weakref.finalize(
             self, _close_iteration, self._pin_thread, executor if owned else None, progress, self._stats, self._pass_id
         )
@@ -116,16 +116,44 @@ class LoaderIterator:
         return self._next()
 
     def _next(self) -> Any:
+        if self._cannot_go_on is not None:
+            raise RuntimeError(self._cannot_go_on)
         if self._progress.finished:
             raise StopIteration  # (an ended pass stays ended, as any iterator; its workers are gone)
         called_at = perf_counter()
+        delivered = self._held
+        if delivered is None:
+            try:
+                delivered = self._take(called_at)
+            except StopIteration:
+                raise
+            except BaseException as exc:
+                self._interrupted(exc)
+                raise
+        # From here an exception a signal handler raises leaves the batch held,
+        # for the next next(): each step below can be done again.
+        if self._pin_inline:
+            delivered = self._held = _pin_delivered(delivered)
+        if self._stats is not None and self._counted != delivered.batch_index:
+            self._stats.batch(self._pass_id, delivered, called_at, perf_counter())
+            self._counted = delivered.batch_index
+        self._progress.delivered(delivered.batch_index, delivered.copies)
+        self._held = None
+        if delivered.error is not None:
+            raise delivered.error
+        self._num_yielded += 1
+        self._check_length()
+        return delivered.data
+
+    def _take(self, called_at: float) -> Delivered:
+        """The next batch from the executor, skipped samples accounted (a
+        batch whose every sample was skipped: the next one); held by the
+        pass once taken. StopIteration at the end of the pass."""
         while True:
             try:
                 delivered = self._next_batch()
             except StopIteration as end:
-                if end.value is not None:  # where an iterable dataset's copies stand at the end
-                    self._progress.copies = end.value
-                self._progress.finished = True
+                self._progress.finish(end.value)  # (the value: where an iterable dataset's copies stand)
                 if self._stats is not None:
                     self._stats.end_pass(self._pass_id, called_at, perf_counter())
                 self._close()
@@ -133,20 +161,28 @@ class LoaderIterator:
             if delivered.skipped:
                 self._account_skips(delivered.skipped)
             if not delivered.empty:
-                break
+                self._held = delivered
+                return delivered
             self._progress.delivered(delivered.batch_index)  # (every sample skipped: nothing to give)
-        if self._pin_inline:
-            delivered = _pin_delivered(delivered)
-        if self._stats is not None:
-            self._stats.batch(self._pass_id, delivered, called_at, perf_counter())
-        self._progress.delivered(delivered.batch_index)
-        if delivered.copies is not None:
-            self._progress.copies = delivered.copies
-        if delivered.error is not None:
-            raise delivered.error
-        self._num_yielded += 1
-        self._check_length()
-        return delivered.data
+
+    def _interrupted(self, error: BaseException) -> None:
+        """An exception came out of the executor, the sampler or a signal
+        handler while a batch was on its way, and not through the executor's
+        failure path: a task may be half-booked or a result half-read, so the
+        pass cannot go on. Its workers are stopped (kept ones too: the next
+        ``iter(loader)`` starts them again) and every later ``next()`` says so;
+        the state saved now resumes at the first batch not delivered."""
+        if not self._executor.usable or isinstance(error, BadSampleBudgetExceeded):
+            return  # (the executor's own failure, or the budget's: said again by later calls as it is)
+        self._cannot_go_on = (
+            f"this DataLoader iterator cannot go on: {type(error).__name__} was raised inside next() (by a "
+            f"signal handler, such as Ctrl-C's KeyboardInterrupt or a timeout, or by the sampler) while a batch "
+            f"was on its way, and it was stopped rather than risk losing or repeating one. Start a new pass "
+            f"with iter(loader); to continue this epoch where it stopped, load loader.state_dict() taken now "
+            f"into the loader first (docs/resume.md)"
+        )
+        self._close()
+        self._executor.shutdown()  # (also when the loader keeps it: it is started anew)
 
     def _account_skips(self, records: tuple) -> None:
         """Samples left out of a batch: counted, logged, checked against the
@@ -209,47 +245,6 @@ def _plan(
             sampler_s = perf_counter() - asked_at
             yield Task(epoch_id, batch_index, seed, batch, dataset_epoch=dataset_epoch, sampler_s=sampler_s)
         batch_index += 1
-
-
-class _FirstDrawAhead:
-    """The index sampler's batches, whose first one can be drawn ahead of
-    time: a state saved before the first batch is delivered must name the
-    epoch's draw (a shuffle not yet drawn from the global generator would
-    be drawn anew after a resume): resume mechanism 3 (docs/architecture.md,
-    "Resume mechanisms"; ``ResumeTracker._draw_pending`` draws it).
-    ``on_first(batch)`` sees the first batch drawn. Thread-safe: the pin
-    thread may iterate while the main thread saves."""
-
-    def __init__(self, batches: Iterator, on_first: Callable[[Any], None]):
-        self._batches = batches
-        self._on_first: Optional[Callable[[Any], None]] = on_first
-        self._ahead: list = []
-        self._lock = threading.Lock()
-
-    def draw_first(self) -> None:
-        """Draw the first batch now, if it was not drawn yet."""
-        with self._lock:
-            if self._on_first is not None:
-                self._draw()
-
-    def _draw(self) -> None:
-        on_first, self._on_first = self._on_first, None
-        assert on_first is not None  # (drawn once)
-        for batch in self._batches:
-            self._ahead.append(batch)
-            on_first(batch)
-            break
-
-    def __iter__(self) -> "_FirstDrawAhead":
-        return self
-
-    def __next__(self) -> Any:
-        with self._lock:
-            if self._on_first is not None:
-                self._draw()
-            if self._ahead:
-                return self._ahead.pop()
-            return next(self._batches)
 
 
 def _pin_delivered(delivered: Delivered) -> Delivered:

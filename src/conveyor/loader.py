@@ -34,6 +34,7 @@ import conveyor.sampler as _sampler
 import conveyor.skips as _skips
 import conveyor.state as _state
 import conveyor.stats as _stats
+from .first_draw import PassBatches
 from .iteration import LoaderIterator
 from ._engine.executor.pin import pinning
 from .stats.scalars import MetricsWriter, stats_callback
@@ -376,11 +377,12 @@ class DataLoader(Generic[T_co]):
         plan = self._plan()
         if plan.delivering.pin:  # (whether it can be done, said once per pass, as torch says it)
             plan = dataclasses.replace(plan, delivering=dataclasses.replace(plan.delivering, pin=self._warn_pin_memory()))
-        start = self._tracker.begin(_state.LoaderView.of(plan))  # the base seed is drawn before the sampler draws, as torch
-        indices = iter(plan.sampling.index_sampler)
+        wired = PassBatches(plan.sampling.index_sampler, plan.sampling.sampler_text)  # (before the pass is published)
+        start = self._tracker.begin(_state.LoaderView.of(plan), wired)  # the base seed is drawn before the sampler draws, as torch
         executor, owned = self._executor_for(plan, start.base_seed)
         epoch = self._dataset_epoch.now(self.dataset)  # (the dataset's, for the workers' copies)
-        iterator = LoaderIterator(self, executor, owned, start, indices, plan, started_at, epoch)
+        assert wired.batches is not None  # (made by begin)
+        iterator = LoaderIterator(self, executor, owned, start, wired.batches, plan, started_at, epoch)
         if not owned:
             self._persistent.taken_by(iterator)
         return iterator

@@ -1,7 +1,8 @@
 """The workers a loader keeps between passes (``persistent_workers=True``).
 
     DataLoader.__iter__ ──PersistentWorkers.for_pass()──▶ the kept executor
-        (started at the first pass, and again after one broke; the pass
+        (started at the first pass, and again after one broke or was shut
+        down, as an interrupted pass does: iteration.py; the pass
         before hands it over first: its pin thread stops driving it)
     DataLoader collected ──▶ the executor shut down (a finalizer)
 
@@ -34,12 +35,13 @@ class PersistentWorkers:
 
     def for_pass(self, loader: Any, plan: Plan, base_seed: int) -> PoolExecutor:
         """The executor for a new pass of ``loader``: taken over from the
-        pass before, started anew if there was none or it broke (shut down
+        pass before, started anew if there was none or it broke or was
+        shut down (shut down
         when ``loader`` is collected)."""
         latest = self._latest() if self._latest is not None else None
         if latest is not None:
             latest.hand_over_workers()
-        if self.executor is None or self.executor.broken:
+        if self.executor is None or not self.executor.usable:
             if self._finalizer is not None:
                 self._finalizer()  # stops the broken pool and forgets it
             self.executor = started(PoolExecutor(plan.loading, plan.running, base_seed))

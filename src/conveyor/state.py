@@ -39,7 +39,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .epoch_progress import EpochProgress, ResumePoint, Start
 from .rng import derive_seed, draw_seed, source_for
@@ -78,14 +78,36 @@ class ResumeTracker:
 
     # -- iterations -----------------------------------------------------------
 
-    def begin(self, view: LoaderView) -> Start:
+    def begin(self, view: LoaderView, prepare: Optional[Callable[[Start], None]] = None) -> Start:
         """A new iteration: the epoch, its base seed (drawn before the
         sampler draws, as torch does), its progress record (taken before the
-        sampler draws) and what it resumes."""
-        resume, self._resume = self._resume, None
+        sampler draws) and what it resumes.
+
+        Safe from a signal handler's ``save()`` at any moment (the main
+        thread runs handlers between any two bytecodes): nothing is changed
+        until the pass is published, in one step, after ``prepare(start)``
+        has wired what such a save needs (the epoch's draw ahead,
+        ``progress.draw_first``); until then a save describes the loader as
+        it was, and a base seed it pins meanwhile is the one this pass takes."""
+        while True:
+            start = self._start(view)
+            if prepare is not None:
+                prepare(start)
+            if start.resume is not None or self._next_base_seed in (None, start.base_seed):
+                break  # (else a handler's save pinned this epoch's base seed meanwhile: start with it)
+        # Published in one call: a handler runs before or after it, never amid it.
+        vars(self).update(
+            _resume=None, _next_copies=None, _next_base_seed=None, epoch=start.epoch + 1,
+            _last_base_seed=start.base_seed, _progress=start.progress,
+        )  # fmt: skip
+        return start
+
+    def _start(self, view: LoaderView) -> Start:
+        """How the next iteration starts, changing nothing (see :meth:`begin`)."""
+        resume = self._resume
         if resume is None:
             epoch = self.epoch
-            base_seed = self._base_seed(view, epoch)
+            base_seed = self._take_base_seed(view, epoch)
             progress = self._fresh_progress(view, epoch, base_seed)
             carried = self._next_copies
             copies = None if carried is None else carried.next_epoch()
@@ -97,11 +119,18 @@ class ResumeTracker:
             progress.position, progress.delivered_ahead = resume.position, set(resume.delivered_ahead)
             progress.skipped = list(resume.skipped)
             copies = resume.copies
-        self._next_copies = None
-        self.epoch = epoch + 1
-        self._last_base_seed = base_seed
-        self._progress = progress
         return Start(epoch, base_seed, progress, resume, copies)
+
+    def _take_base_seed(self, view: LoaderView, epoch: int) -> int:
+        """This pass's base seed: the one a save pinned (between epochs, or
+        from a signal handler while it was being drawn here), else drawn now."""
+        pinned = self._next_base_seed
+        if pinned is None:
+            drawn = self._base_seed(view, epoch)
+            pinned = self._next_base_seed  # (a handler's save may have pinned one meanwhile: it wins)
+            if pinned is None:
+                return drawn
+        return pinned
 
     @staticmethod
     def _fresh_progress(view: LoaderView, epoch: int, base_seed: int) -> EpochProgress:
@@ -120,9 +149,6 @@ class ResumeTracker:
         numbers as under torch."""
         if view.seed is not None:
             return derive_seed(view.seed, epoch)
-        if self._next_base_seed is not None:
-            seed, self._next_base_seed = self._next_base_seed, None
-            return seed
         if view.keeps_base_seed and self._last_base_seed is not None:
             return derive_seed(self._last_base_seed, epoch)
         if view.generator is not None:
@@ -140,7 +166,9 @@ class ResumeTracker:
             pin = getattr(view.index_sampler, "pin_next_draw", None)
             if callable(pin):
                 pin()
-        return self._next_base_seed
+        seed = self._next_base_seed
+        assert seed is not None  # (pinned above)
+        return seed
 
     def set_epoch(self, epoch: int, owner: str) -> bool:
         """Make the next iteration epoch ``epoch``. A loaded resume point of
@@ -179,7 +207,7 @@ class ResumeTracker:
         generator the state does not hold (the global one), so that the
         state holds the draw and a resumed run makes the same. Inside an
         epoch before its first batch is delivered (``progress``): the
-        sampler's first batch (``iteration._FirstDrawAhead``). Between
+        sampler's first batch (``first_draw.FirstDrawAhead``). Between
         epochs: the next epoch's base seed and sampler seed (:meth:`_pin_next_epoch`)."""
         if progress is None:
             self._pin_next_epoch(view)

@@ -24,13 +24,13 @@ batch's record carries (workers.py).
 
 from __future__ import annotations
 
-import threading
 from time import perf_counter
 from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
 from .._engine.executor.records import DeliveryTimes
+from .._engine.interrupts import HolderLock
 from .._engine.transport.messages import LoadTimes
 from .columns import WINDOW, StageColumns, stage_stats
 from .loading import LoadingTotals
@@ -77,7 +77,9 @@ class StatsRecorder:
         self.worker_method = ""
         # Re-entrant: a finalizer run by the garbage collector in the middle
         # of a recording (an old iterator collected) may call abandon_pass.
-        self._lock = threading.RLock()
+        # A reading there, or from a signal handler, gets the latest snapshot.
+        self._lock = HolderLock()
+        self._latest: Optional[LoaderStats] = None
         #: The pass being recorded; batches of an older iterator still running are not.
         self._pass_id = 0
         #: Samples skip_bad_samples left out (skips.SkippedSample), in order.
@@ -339,7 +341,11 @@ class StatsRecorder:
 
     def snapshot(self, since: Optional[LoaderStats] = None) -> LoaderStats:
         """The stats now; ``interval`` holds those since ``since`` (an
-        earlier snapshot of this loader), when given."""
+        earlier snapshot of this loader), when given. From a signal
+        handler (or a finalizer) that interrupted a change of the figures in
+        this thread: the latest snapshot, as the figures were before it."""
+        if self._lock.held_here() and self._latest is not None:
+            return self._latest
         with self._lock:
             self._add_pending()
             columns = self._stages.arrays()
@@ -357,7 +363,7 @@ class StatsRecorder:
                 slots_in_use=self.slots_in_use,
                 skipped=tuple(self._skipped),
             )
-        stats = _stats_from(mark, columns, extras, self.num_workers)
+        stats = self._latest = _stats_from(mark, columns, extras, self.num_workers)
         if since_mark is None or interval_mark is None:  # (both or neither)
             return stats
         start = max(0, since_mark.rows - rows_folded)

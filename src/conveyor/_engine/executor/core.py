@@ -39,6 +39,7 @@ from time import perf_counter
 from typing import Any, Iterator, NoReturn, Optional
 
 from ..errors import describe_indices, live_workers_error
+from ..interrupts import raised_by_handler
 from .results import batch_arrived, task_error
 from . import failing
 from .dispatch import Dispatcher
@@ -103,8 +104,8 @@ class PoolExecutor:
         self._started_at = self._start_returned_at = 0.0
         #: Seconds the workers took to be ready, until a delivered batch carries it.
         self._ready_s: Optional[float] = None
-        #: Held by the thread inside next_batch (re-entrant: a KeyboardInterrupt
-        #: there shuts down from inside); shutdown takes it.
+        #: Held by the thread inside next_batch (re-entrant: a pass a signal
+        #: handler interrupts shuts it down from inside); shutdown takes it.
         self._inside = threading.RLock()
 
     # ----------------------------------------------------------------- start
@@ -210,10 +211,9 @@ class PoolExecutor:
                     raise StopIteration(self._progress.snapshot())
                 self._wait(deadline)
         except Broken as exc:
+            if raised_by_handler(exc.cause):
+                raise exc.cause from None  # (the user's interruption, not a message that could not cross)
             broken = exc  # (broken outside the except: nothing raised now chains to it)
-        except KeyboardInterrupt:
-            self.shutdown()
-            raise
         self._break(broken)
 
     def _delivered(self, waiting: Delivered) -> Delivered:
@@ -235,6 +235,8 @@ class PoolExecutor:
         try:
             started = self._pool.start_rest()
         except Exception as exc:
+            if raised_by_handler(exc):
+                raise
             self._fail(exc)
         if started:  # (workers_ready_s leaves out the wait between iter() and the first next())
             self._started_at += resumed_at - self._start_returned_at
@@ -340,6 +342,11 @@ class PoolExecutor:
     @property
     def broken(self) -> bool:
         return self._error is not None
+
+    @property
+    def usable(self) -> bool:
+        """Started, neither broken nor shut down (as an interrupted pass leaves it: iteration.py)."""
+        return self.state is Lifecycle.RUNNING
 
     def __reduce__(self) -> tuple:
         """Refused, naming the workers: a loader that keeps its workers

@@ -210,6 +210,10 @@ class Executor(Protocol):
     def shutdown(self) -> None:
         """Stop; safe to call twice."""
 
+    @property
+    def usable(self) -> bool:
+        """Whether it can run a pass: started, neither broken nor shut down."""
+
 
 def skipped_records(raw: Any, batch_index: int, worker: str) -> tuple:
     """The SkippedSample records of a batch's skips, as the fetcher noted them."""

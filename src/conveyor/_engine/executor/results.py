@@ -15,6 +15,7 @@ from time import perf_counter
 
 from ...collate import to_torch
 from ..errors import add_note, batch_error, describe_indices
+from ..interrupts import raised_by_handler
 from .records import Delivered, Timings, skipped_records
 from ..transport.messages import Batch, Task, TaskFailed
 from ..workers.protocol import WorkerView, Workers
@@ -35,6 +36,8 @@ def batch_arrived(pool: Workers, worker: WorkerView, sent: Task, message: Batch,
             try:
                 data = to_torch(data)
             except Exception as failed:
+                if raised_by_handler(failed):
+                    raise
                 add_note(
                     failed,
                     f"(conveyor: while turning batch {message.batch_index} ({describe_indices(sent.indices)}) "

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Optional, Union
 
+from ..interrupts import raised_by_handler
 from ...collate.allocation import allocate_batch
 from ..cpu import ThreadClock
 from ..errors import capture_failure
@@ -282,7 +283,9 @@ class Serving:
             if config.place is Place.INLINE:
                 raise
             raise Ending(fatal_message(wid, config.where, "task", task)) from None
-        except BaseException:
+        except BaseException as exc:
+            if config.place is Place.INLINE and raised_by_handler(exc):
+                raise  # (the loop's signal handler, not the dataset: the pass stops, iteration.py)
             return self.failed(task)
         try:  # where an iterable's copy stands after the batch, for DataLoader.state_dict
             state = fetcher.state()
@@ -290,7 +293,9 @@ class Serving:
             if config.place is Place.INLINE:
                 raise
             raise Ending(fatal_message(wid, config.where, "task", task)) from None
-        except BaseException:
+        except BaseException as exc:
+            if config.place is Place.INLINE and raised_by_handler(exc):
+                raise
             return self.failed(task, "in state_dict()")
         return message if state is None else dataclasses.replace(message, worker_state=state)
 
