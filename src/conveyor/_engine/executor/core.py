@@ -296,9 +296,9 @@ class PoolExecutor:
         return busy_workers(self._workers, self._epoch_id, self._pending, self._starting, with_stacks)
 
     def _warn_stall(self) -> None:
-        # (stacklevel: past _wait, _next_batch, next_batch and the iterator's _next and __next__, to the
+        # (stacklevel: past _wait, _next_batch, next_batch and the iterator's _take, _next and __next__, to the
         # line of the user's loop; from a pin thread the warning has no user's line to point at)
-        warnings.warn(self._watchdog.report(self._busy(with_stacks=True)), StallWarning, stacklevel=7)
+        warnings.warn(self._watchdog.report(self._busy(with_stacks=True)), StallWarning, stacklevel=8)
 
     def _on_timeout(self) -> None:
         # Terminal, unlike torch: something is stuck, and the workers are
