@@ -29,7 +29,7 @@ from .sampler.replay import replay
 
 class FirstDrawAhead:
     """The index sampler's batches; the first can be drawn ahead
-    (``draw_first``), from any thread or a signal handler. ``on_first(batch)``
+    (``draw_first``: resume mechanism 3), from any thread or a signal handler. ``on_first(batch)``
     sees the first batch drawn (the pass's progress keeps its fingerprint)."""
 
     def __init__(self, batches: Iterator, on_first: Callable[[Any], None]):
@@ -95,7 +95,7 @@ class PassBatches:
     def __call__(self, start: Any) -> None:
         progress, resume = start.progress, start.resume
         batches: Iterator = iter(self._sampler)
-        if resume is not None and resume.sampler_skip:
+        if resume is not None and resume.sampler_skip:  # (resume mechanism 2: docs/architecture.md)
             batches = replay(batches, resume.sampler_skip, resume.first_batch, self._text)
         first = resume is None or resume.position == 0
         self.batches = FirstDrawAhead(batches, partial(progress.note_first_draw, self._sampler, first=first))
