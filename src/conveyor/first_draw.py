@@ -72,13 +72,13 @@ class FirstDrawAhead:
                 self._drawer = threading.Thread(target=self.draw_first, name="conveyor-first-draw", daemon=True)
                 self._drawer.start()
             self._drawn.wait()
+            self._drawer.join()  # (it is leaving: nothing of the pass's draw outlives it)
         error, self._error = self._error, None
         if error is not None:
             raise error
         if self._ahead:
             return self._ahead.pop()
         return next(self._batches)
-
 
 
 class PassBatches:
