@@ -75,23 +75,26 @@ def test_states_saved_by_a_signal_storm_resume_exactly(workers):
     def save(signum, frame):
         states.append((received["epoch"], received["count"], loader.state_dict(), loader.stats()))
 
-    epochs = []
+    def inside_epochs() -> list:
+        return [(e, n, state) for e, n, state, _ in states if state["in_epoch"]]
+
+    epochs: list = []
     with signal_storm(save):
-        for epoch in range(3):
-            received.update(epoch=epoch, count=0)
+        while len(epochs) < 3 or len(inside_epochs()) < 10:  # (however fast the machine runs the epochs)
+            assert len(epochs) < 100, f"only {len(inside_epochs())} states were saved inside 100 epochs"
+            received.update(epoch=len(epochs), count=0)
             batches = []
             for batch in loader:
                 batches.append(firsts(batch))
                 received["count"] += 1
             epochs.append(batches)
-    inside = [(e, n, state) for e, n, state, _ in states if state["in_epoch"]]
-    assert len(inside) >= 10, f"only {len(inside)} states were saved inside an epoch"
+    inside = inside_epochs()
     for epoch, count, state in inside:
         assert state["epoch"] == epoch and state["position"] in (count, count + 1)
     for _, _, _, stats in states:
-        assert 0 <= stats.batches <= 3 * 40
+        assert 0 <= stats.batches <= len(epochs) * 40
     chosen = inside[:: max(1, len(inside) // 10)][:10]
-    between = [(e, n, state) for e, n, state, _ in states if not state["in_epoch"] and e < 2][:2]
+    between = [(e, n, state) for e, n, state, _ in states if not state["in_epoch"] and state["epoch"] < len(epochs)][:2]
     for epoch, count, state in chosen + between:
         resumed = loader_of(dict(num_workers=0))
         resumed.load_state_dict(state)
@@ -126,7 +129,6 @@ INTERRUPTED = WORKERS[:2] + [
 def test_an_exception_raised_into_next_never_loses_repeats_or_hangs(workers, raised):
     loader = loader_of(workers, seed=3)
     reference = loader_of(dict(num_workers=0), seed=3)
-    expected = [[firsts(batch) for batch in reference] for _ in range(3)]
     armed = {"on": False, "count": 0}
 
     def interrupt(signum, frame):
@@ -137,7 +139,10 @@ def test_an_exception_raised_into_next_never_loses_repeats_or_hangs(workers, rai
 
     caught, stopped = set(), 0
     with signal_storm(interrupt, 0.001, 0.004):
-        for epoch in range(3):
+        for epoch in range(100):
+            if epoch >= 3 and armed["count"] >= 3:
+                break  # (however fast the machine runs the epochs)
+            expected = [firsts(batch) for batch in reference]
             iterator, got = iter(loader), []
             while True:
                 armed["on"] = True
@@ -165,6 +170,6 @@ def test_an_exception_raised_into_next_never_loses_repeats_or_hangs(workers, rai
                 finally:
                     armed["on"] = False
                 got.append(firsts(batch))
-            assert got == expected[epoch]
+            assert got == expected
     assert armed["count"] >= 3 and len(caught) == armed["count"]
     assert [firsts(batch) for batch in loader] == [firsts(batch) for batch in reference]  # (and a new pass works)
