@@ -42,6 +42,7 @@ from ..transport.wire import FrameReader, FrameWriter, pack
 from ..transport.pickling import SpawnFds, dumps, starting_a_child
 from ..loading.serving import WorkerConfig
 from . import worker_signals
+from .starter import start_from_a_lasting_thread
 from .process import fork_entry, pickled_entry
 
 #: Pipes get this much buffer (Linux's default pipe-max-size for unprivileged
@@ -185,7 +186,19 @@ def start_worker(
     method: str, config: WorkerConfig, payload: Optional[bytes], channels: Channels, payload_fds: tuple = ()
 ) -> WorkerProcess:
     """Start one worker; ``payload`` is the cloudpickled config and
-    ``payload_fds`` the descriptors it refers to (spawn; see pickle_config)."""
+    ``payload_fds`` the descriptors it refers to (spawn; see pickle_config).
+    A fork or spawn worker is started by a thread that lives as long as
+    this process (starter.py), so that the kernel kills it with this
+    process and with nothing else; a forkserver worker's parent is the
+    forkserver."""
+    if method in ("fork", "spawn"):
+        return start_from_a_lasting_thread(_start, method, config, payload, channels, payload_fds)
+    return _start(method, config, payload, channels, payload_fds)
+
+
+def _start(
+    method: str, config: WorkerConfig, payload: Optional[bytes], channels: Channels, payload_fds: tuple
+) -> WorkerProcess:
     if method == "fork":
         ctx = multiprocessing.get_context("fork")
         proc = ctx.Process(
