@@ -184,3 +184,46 @@ def test_a_per_sample_alarm_in_a_worker_still_works():
             list(loader)
     finally:
         signal.signal(signal.SIGALRM, previous)
+
+
+OWN_FORKSERVER_SCRIPT = '''
+import multiprocessing, signal, sys, time
+import conveyor
+
+
+def handlers(queue):
+    queue.put([str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)])
+
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("forkserver")
+    if sys.argv[1] == "after a loader":  # (the forkserver then has conveyor preloaded, and ignores the job's signals)
+        list(conveyor.DataLoader(list(range(4)), batch_size=2, num_workers=1, multiprocessing_context="forkserver"))
+    queue = ctx.Queue()
+    child = ctx.Process(target=handlers, args=(queue,))
+    child.start()
+    print(queue.get(timeout=60))
+    child.join()
+    child = ctx.Process(target=time.sleep, args=(60,))
+    child.start()
+    child.terminate()
+    child.join(30)
+    print(child.exitcode)
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("when", ["after a loader", "without a loader"])
+def test_the_users_own_forkserver_processes_keep_the_default_signals(tmp_path, when):
+    """The forkserver ignores the job's signals for conveyor's workers; the
+    processes it starts for the user's own code (which import conveyor
+    themselves) still get the defaults, so ``terminate()`` ends them."""
+    script = tmp_path / "own.py"
+    script.write_text(OWN_FORKSERVER_SCRIPT)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([SRC_DIR, TESTS_DIR] + [p for p in [env.get("PYTHONPATH")] if p])
+    done = subprocess.run([sys.executable, str(script), when], env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen, code = done.stdout.splitlines()[-2:]
+    assert seen == str([str(signal.SIG_DFL)] * 3)
+    assert int(code) == -signal.SIGTERM

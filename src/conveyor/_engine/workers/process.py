@@ -222,9 +222,9 @@ def _worker_main(config: WorkerConfig, task_fd: int, result_fd: int) -> None:
         _keep_freed_memory()
         code = run_worker(config, task_fd, result_fd)
     except KeyboardInterrupt:
-        # (a Ctrl-C that came before worker_signals.reset ignored it: the
-        # main process raises KeyboardInterrupt and stops the workers, so a
-        # worker leaves quietly)
+        # (a Ctrl-C that came before worker_signals.reset made the worker
+        # ignore SIGINT: the main process raises KeyboardInterrupt and
+        # stops the workers, so a worker leaves quietly)
         code = INTERRUPTED_EXIT_CODE
     finally:
         # Skip interpreter teardown: nothing of the worker's needs it, and

@@ -85,24 +85,30 @@ MODULE = __name__
 
 def in_forkserver() -> bool:
     """Whether this code runs inside multiprocessing's forkserver, while it
-    loads its preloaded modules (the user's script, run again, among them)."""
+    loads its preloaded modules (the user's script, run again, among them);
+    not in a process it forked, which starts inside its frames too."""
     forkserver = sys.modules.get("multiprocessing.forkserver")
-    main = getattr(forkserver, "main", None)
-    code = getattr(main, "__code__", None)
+    server = getattr(getattr(forkserver, "main", None), "__code__", None)
+    child = getattr(getattr(forkserver, "_serve_one", None), "__code__", None)
+    if server is None:
+        return False
+    frames = set()
     frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
-        if frame.f_code is code:
-            return True
+        frames.add(frame.f_code)
         frame = frame.f_back
-    return False
+    return server in frames and child not in frames
 
 
 def shield_forkserver() -> None:
     """In multiprocessing's forkserver: ignore the job's signals that would
     end it (which ends every forkserver worker with it, each then reported
     dead), and give each process it forks what it had before, so that the
-    user's own forkserver processes keep their defaults. Runs when
-    conveyor is imported; does nothing in any other process."""
+    user's own forkserver processes keep their defaults. The signals are
+    blocked while it forks: one sent to a child before the child has its
+    defaults back waits, and comes once it has them, instead of being
+    ignored (``terminate()`` right after ``start()``). Runs when conveyor
+    is imported; does nothing in any other process."""
     if not in_forkserver():
         return
     before = {}
@@ -110,12 +116,22 @@ def shield_forkserver() -> None:
         signum = getattr(signal, name, None)
         if signum is not None:
             before[signum] = signal.signal(signum, signal.SIG_IGN)
+    can_block = hasattr(signal, "pthread_sigmask")
+
+    def block() -> None:
+        if can_block:
+            signal.pthread_sigmask(signal.SIG_BLOCK, list(before))
+
+    def unblock() -> None:
+        if can_block:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, list(before))
 
     def back_in_child() -> None:
         for signum, handler in before.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        unblock()
 
-    os.register_at_fork(after_in_child=back_in_child)
+    os.register_at_fork(before=block, after_in_parent=unblock, after_in_child=back_in_child)
 
 
 def preload_in_forkserver() -> None:
