@@ -13,8 +13,8 @@ its main process installed.
 
 A signal the main process ignores (``SIG_IGN``, as ``nohup`` leaves SIGHUP)
 stays ignored, as it would across ``exec``. A forked worker inherits the
-main process's Python handlers, and a forkserver's children those its
-server installed while it ran the script again; without this a SIGTERM
+main process's Python handlers, and a forkserver's children those their
+server had (from the user's modules it preloaded); without this a SIGTERM
 sent to the whole job ran the user's checkpoint handler in every worker,
 each writing the checkpoint with its own (wrong) position (issue #32).
 
