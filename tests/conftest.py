@@ -39,6 +39,7 @@ from multiprocessing import forkserver, resource_tracker
 import pytest
 
 import procutil
+from conveyor._engine.workers import starter
 
 #: How long leftovers get to go away after a test (workers exiting, pipes
 #: closing, threads joining). Never reached by a clean test.
@@ -150,11 +151,13 @@ def describe_leftovers(found: dict[str, list[str]]) -> str:
 # ------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="session")
 def multiprocessing_servers():
-    """Start multiprocessing's forkserver and resource tracker before the
-    first snapshot: they live for the whole session (the descriptors the
-    main process keeps to them are not a test's leak)."""
+    """Start multiprocessing's forkserver and resource tracker, and
+    conveyor's process starter, before the first snapshot: they live for
+    the whole session (the descriptors the main process keeps to them and
+    the starter's thread are not a test's leak)."""
     forkserver.ensure_running()  # starts the resource tracker first
     resource_tracker.ensure_running()
+    starter.process_starter()
 
 
 @pytest.fixture

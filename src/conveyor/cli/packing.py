@@ -26,6 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
+from .._engine.workers.process import die_with
 from ..shards.errors import ShardError
 from ..shards.index import ShardIndex, file_sha256
 from ..shards.manifest import MANIFEST, shard_record
@@ -89,6 +90,16 @@ def _adopt(src: str, follow_links: bool, reencode: Any = None) -> None:
     global _source
     if _source is None:
         _source = open_source(src, follow_links, reencode)
+
+
+def _writer_starts(parent_pid: Optional[int], src: str, follow_links: bool, reencode: Any = None) -> None:
+    """Each writing process, first: it ends with ``conveyor pack`` however
+    that is killed (the kernel kills it on Linux, a watch thread elsewhere;
+    its pool's pipes alone never tell it, since every sibling holds them
+    open), then it opens the source. ``parent_pid``: ``conveyor pack``'s
+    (None under forkserver, whose server is the parent and ends with it)."""
+    die_with(parent_pid)
+    _adopt(src, follow_links, reencode)
 
 
 def _sizes_of(i: int) -> list[int]:
@@ -268,7 +279,10 @@ class _Processes:
 
     def _pool(self, workers: int) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
-            workers, mp_context=self.context, initializer=_adopt, initargs=(self.src, self.follow_links, self.reencode)
+            workers,
+            mp_context=self.context,
+            initializer=_writer_starts,
+            initargs=(None if self.context.get_start_method() == "forkserver" else os.getpid(), self.src, self.follow_links, self.reencode),
         )
 
     def map(self, function: Any, items: range, workers: int) -> list:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
-import threading
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Optional, Union
@@ -99,7 +98,8 @@ class WorkerConfig:
     #: Ask the kernel to kill the worker when its parent ends. Linux sends
     #: that signal when the *thread* that started the worker ends, so the
     #: pool asks only when that thread lives as long as the process (the
-    #: main thread, or the forkserver's one thread).
+    #: main thread or conveyor's process starter: workers/starter.py; or
+    #: the forkserver's one thread).
     die_with_parent: bool = False
 
     @property
@@ -131,8 +131,8 @@ def worker_config(
         fds=fds,
         timed=running.timed,
         place=PLACES.get(method, Place.PROCESS),
-        # (Linux kills a worker when the thread that started it ends: only a thread that lives on)
-        die_with_parent=method == "forkserver" or threading.current_thread() is threading.main_thread(),
+        # (Linux kills a worker when the thread that started it ends: launch.py starts each from one that lives on)
+        die_with_parent=method in ("fork", "spawn", "forkserver"),
     )
 
 

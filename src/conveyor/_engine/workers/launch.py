@@ -41,6 +41,8 @@ from .. import portable
 from ..transport.wire import FrameReader, FrameWriter, pack
 from ..transport.pickling import SpawnFds, dumps, starting_a_child
 from ..loading.serving import WorkerConfig
+from . import worker_signals
+from .starter import start_from_a_lasting_thread
 from .process import fork_entry, pickled_entry
 
 #: Pipes get this much buffer (Linux's default pipe-max-size for unprivileged
@@ -184,7 +186,19 @@ def start_worker(
     method: str, config: WorkerConfig, payload: Optional[bytes], channels: Channels, payload_fds: tuple = ()
 ) -> WorkerProcess:
     """Start one worker; ``payload`` is the cloudpickled config and
-    ``payload_fds`` the descriptors it refers to (spawn; see pickle_config)."""
+    ``payload_fds`` the descriptors it refers to (spawn; see pickle_config).
+    A fork or spawn worker is started by a thread that lives as long as
+    this process (starter.py), so that the kernel kills it with this
+    process and with nothing else; a forkserver worker's parent is the
+    forkserver."""
+    if method in ("fork", "spawn"):
+        return start_from_a_lasting_thread(_start, method, config, payload, channels, payload_fds)
+    return _start(method, config, payload, channels, payload_fds)
+
+
+def _start(
+    method: str, config: WorkerConfig, payload: Optional[bytes], channels: Channels, payload_fds: tuple
+) -> WorkerProcess:
     if method == "fork":
         ctx = multiprocessing.get_context("fork")
         proc = ctx.Process(
@@ -197,6 +211,7 @@ def start_worker(
         _mp_workers.add(proc)
         return _started(proc)
     if method == "forkserver":
+        worker_signals.preload_in_forkserver()  # (before the forkserver starts: it then ignores the job's signals)
         server = multiprocessing.get_context("forkserver")
         served = server.Process(
             target=_forkserver_entry,
@@ -219,7 +234,7 @@ def start_worker(
     if method == "spawn":
         shared = tuple(fd for fd in config.fds.as_tuple() if fd >= 0)
         payload_only = tuple(fd for fd in payload_fds if fd not in shared)
-        return _spawn(config.worker_id, channels, shared + payload_only, config.fds.stack)
+        return _spawn(config, channels, shared + payload_only)
     raise ValueError(f"unknown start method {method!r}; expected one of {START_METHODS}")
 
 
@@ -243,30 +258,41 @@ def _forkserver_entry(stack_fd: int, linux_paths: bool, *args: Any) -> None:
 _STACK_FILE_MARK = "conveyor-stack"
 
 
+def _forkserver_child_stack_fd() -> Optional[int]:
+    """In a process that multiprocessing's forkserver started as a conveyor
+    worker: its stack file (the first descriptor it inherited); else None."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    fds = getattr(getattr(forkserver, "_forkserver", None), "_inherited_fds", None)
+    if not fds:
+        return None
+    try:
+        if _STACK_FILE_MARK not in os.readlink(f"/proc/self/fd/{fds[0]}"):
+            return None
+    except OSError:  # (no /proc: no report, the exit code still says it)
+        return None
+    return int(fds[0])
+
+
 def _keep_start_failures() -> None:
     """In a process that multiprocessing's forkserver is starting as a
     conveyor worker (its parent's main script runs again, as ``__mp_main__``,
     before the worker's own code): copy an exception that ends the start
     into the worker's stack file too, for the main process's error. Runs
-    when conveyor is imported; does nothing in any other process."""
-    if not getattr(multiprocessing.current_process(), "_inheriting", False):
+    when conveyor is imported: there, or in the forkserver itself (which
+    imports conveyor first: worker_signals.preload_in_forkserver), whose
+    children then have the hook already; does nothing in any other process."""
+    starting = getattr(multiprocessing.current_process(), "_inheriting", False)
+    if not (starting and _forkserver_child_stack_fd() is not None) and not worker_signals.in_forkserver():
         return
-    forkserver = sys.modules.get("multiprocessing.forkserver")
-    fds = getattr(getattr(forkserver, "_forkserver", None), "_inherited_fds", None)
-    if not fds:
-        return
-    try:
-        if _STACK_FILE_MARK not in os.readlink(f"/proc/self/fd/{fds[0]}"):
-            return
-    except OSError:  # (no /proc: no report, the exit code still says it)
-        return
-    report_fd, previous = fds[0], sys.excepthook
+    previous = sys.excepthook
 
     def hook(kind: Any, value: Any, tb: Any) -> None:
-        try:
-            os.write(report_fd, "".join(traceback.format_exception(kind, value, tb)).encode("utf-8", "replace"))
-        except OSError:
-            pass
+        report_fd = _forkserver_child_stack_fd()
+        if report_fd is not None:
+            try:
+                os.write(report_fd, "".join(traceback.format_exception(kind, value, tb)).encode("utf-8", "replace"))
+            except OSError:
+                pass
         previous(kind, value, tb)
 
     sys.excepthook = hook
@@ -275,11 +301,13 @@ def _keep_start_failures() -> None:
 _keep_start_failures()
 
 
-def _spawn(worker_id: int, channels: Channels, shared_fds: tuple, stack_fd: Optional[int]) -> WorkerProcess:
+def _spawn(config: WorkerConfig, channels: Channels, shared_fds: tuple) -> WorkerProcess:
     """Start ``python -c``; its stderr goes to the stack file until its
     config has loaded (then to this process's stderr, passed as a
-    descriptor of its own), so what a failing start prints reaches the error."""
-    task_fd, result_fd = channels.worker_task_fd, channels.worker_result_fd
+    descriptor of its own), so what a failing start prints reaches the error.
+    Its argv also says which process it dies with, and how (spawn_main)."""
+    task_fd, result_fd, stack_fd = channels.worker_task_fd, channels.worker_result_fd, config.fds.stack
+    parent_pid = os.getpid() if config.parent_pid is None else config.parent_pid
     try:
         stderr_fd = os.dup(2) if stack_fd is not None else -1
     except OSError:  # (no stderr at all: nothing to keep apart)
@@ -295,7 +323,8 @@ def _spawn(worker_id: int, channels: Channels, shared_fds: tuple, stack_fd: Opti
     passed = (task_fd, result_fd, *shared_fds, *(fd for fd in (life_w, stderr_fd) if fd >= 0))
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, str(task_fd), str(result_fd), str(worker_id), str(stderr_fd)],
+            [sys.executable, "-c", code, str(task_fd), str(result_fd), str(config.worker_id), str(stderr_fd),
+             str(parent_pid), str(int(config.die_with_parent))],  # fmt: skip
             pass_fds=passed,
             env=env,
             stdin=subprocess.DEVNULL,

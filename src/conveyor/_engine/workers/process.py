@@ -19,7 +19,12 @@ Actors:
     worker when its parent ends (``portable.die_with_parent``), whatever the
     worker is doing (a C call holding the GIL, stopped by SIGSTOP); and a
     daemon thread checks the parent every 0.1 s and exits the worker (the
-    portable way, and the only one where the kernel's is not armed).
+    portable way, and the only one where the kernel's is not armed). Armed
+    first in each entry, before any user code: spawn and forkserver
+    workers arm the kernel's before their config (and the user's modules
+    in it) loads, and give up at once if the parent has already ended.
+  * ``worker_signals.reset``: the main process's signal handlers are not
+    the worker's (what a worker does on each signal: worker_signals.py).
 
 Entry points, one per start method: ``fork_entry`` (the config object is
 inherited), ``pickled_entry`` (forkserver: the config arrives cloudpickled) and
@@ -40,7 +45,7 @@ from typing import Any, Optional
 
 from .. import info as _info
 from .. import portable
-from . import stacks
+from . import stacks, worker_signals
 from ..loading.fetch import make_fetcher
 from ..info import WorkerInfo
 from ..transport.messages import Fatal, Ready, Stop
@@ -105,13 +110,29 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
+def _die_with(parent_pid: int, by_kernel: bool) -> None:
+    """Ask the kernel to kill this process when its parent ends (where it
+    can: ``by_kernel``), then exit now if the parent has ended already
+    (this process is then some other's child: the kernel will not tell)."""
+    if by_kernel:
+        portable.die_with_parent()
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
 def _start_parent_watch(parent_pid: Optional[int], die_with_parent: bool) -> None:
     expected = os.getppid() if parent_pid is None else parent_pid
-    if die_with_parent:
-        portable.die_with_parent()
-    if os.getppid() != expected:  # (gone already, before the kernel was asked to tell)
-        os._exit(0)
+    _die_with(expected, die_with_parent)
     threading.Thread(target=_watch_parent, args=(expected,), name="conveyor-parent-watch", daemon=True).start()
+
+
+def die_with(parent_pid: Optional[int]) -> None:
+    """In a process of conveyor's that is no loader worker (``conveyor
+    pack``'s writers), started by a thread that lives as long as it:
+    end with ``parent_pid`` (None: the parent it has now) as a worker
+    does, by the kernel where it can, else by the watch thread; at once
+    if that process has ended already."""
+    _start_parent_watch(parent_pid, True)
 
 
 def _keep_freed_memory() -> None:
@@ -196,12 +217,14 @@ def _send_fatal(fd: int, fatal: Fatal) -> int:
 def _worker_main(config: WorkerConfig, task_fd: int, result_fd: int) -> None:
     code = 0
     try:
+        worker_signals.reset()
         _start_parent_watch(config.parent_pid, config.die_with_parent)
         _keep_freed_memory()
         code = run_worker(config, task_fd, result_fd)
     except KeyboardInterrupt:
-        # Ctrl-C reaches the whole process group; the main process raises
-        # KeyboardInterrupt and stops the workers, so a worker leaves quietly.
+        # (a Ctrl-C that came before worker_signals.reset made the worker
+        # ignore SIGINT: the main process raises KeyboardInterrupt and
+        # stops the workers, so a worker leaves quietly)
         code = INTERRUPTED_EXIT_CODE
     finally:
         # Skip interpreter teardown: nothing of the worker's needs it, and
@@ -251,8 +274,12 @@ def _release_forkserver_alive_fd() -> None:
 def pickled_entry(worker_id: int, payload: bytes, task_fd: int, result_fd: int, shared_fds: tuple = ()) -> None:
     """Entry under ``forkserver``: the config arrives cloudpickled; the shared
     descriptors (:class:`WorkerFds`) arrive beside it, passed by the
-    forkserver and renumbered."""
+    forkserver and renumbered. The kernel is asked to kill it with the
+    forkserver (which ends with the main process) before the config, and
+    the user's code in it, loads."""
     _release_forkserver_alive_fd()
+    worker_signals.reset()
+    _die_with(os.getppid(), True)
     try:
         config = pickle.loads(payload)
         config = dataclasses.replace(config, fds=WorkerFds.from_tuple(shared_fds))
@@ -266,8 +293,13 @@ def spawn_main() -> None:
     descriptors come in argv, then a header and the cloudpickled config
     arrive on the task pipe. Until the config has loaded, stderr is the
     worker's stack file (what a failing start prints reaches the main
-    process's error); then it is the main process's stderr again."""
-    task_fd, result_fd, worker_id, stderr_fd = (int(a) for a in sys.argv[1:5])
+    process's error); then it is the main process's stderr again. The
+    kernel is asked to kill it with its main process (argv says which pid,
+    and whether the thread that started it lives as long) before the
+    config, and the user's code in it, loads."""
+    task_fd, result_fd, worker_id, stderr_fd, parent_pid, by_kernel = (int(a) for a in sys.argv[1:7])
+    worker_signals.reset()
+    _die_with(parent_pid, bool(by_kernel))
     try:
         (header,) = unpack(read_frame(task_fd))
         sys.path[:] = header["sys_path"]

@@ -29,6 +29,7 @@ actors: the core never needs Ray.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import sys
@@ -97,8 +98,7 @@ class RayActorWorkers(NoSlots, AllAtOnce):
         configs = [make_config(wid, WorkerFds(), ()) for wid in range(num_workers)]
         self._restartable = bool(configs) and configs[0].fetch.kind is MAP
         self._payloads = {config.worker_id: pickle_config(config) for config in configs}
-        if not ray.is_initialized():
-            ray.init()
+        _connect(ray)
         self._actor_class = ray.remote(LoadingActor)
         self._here = ray.get_runtime_context().get_node_id()
         try:
@@ -279,9 +279,19 @@ class RayActorWorkers(NoSlots, AllAtOnce):
     def stop(self) -> None:
         """Kill every actor and wait (bounded) for this node's actor
         processes to end; safe to call twice. Ray itself is the user's
-        (or lives until this process ends) and is left running."""
+        (or conveyor's until this process ends: _connect) and is left
+        running. Once Ray is shut down (by the user, or at the exit of
+        this process, before a loader left alive is collected) its actors
+        have ended with it, and no call is made: each of Ray's calls would
+        start a new Ray instance of its own (``ray.init``), which nothing
+        would ever stop."""
         workers, self.workers = self.workers, []
         if not workers or self._ray is None:
+            return
+        if not self._ray.is_initialized():
+            for worker in workers:
+                worker.exited = True
+                worker.calls.clear()
             return
         for worker in workers:
             _kill(self._ray, worker.actor)
@@ -323,6 +333,31 @@ def _writable(leaf: Any) -> Any:
     if isinstance(leaf, np.ndarray) and not leaf.flags.writeable:
         return np.array(leaf)
     return leaf
+
+
+_started_ray = False
+
+
+def _connect(ray: Any) -> None:
+    """Connect to the user's Ray, or start one (``ray.init()``) when the
+    user has not; a Ray that conveyor started is shut down when this
+    process exits, before the finalizers of loaders left alive run, so that
+    nothing of it is left running whether the script calls
+    ``ray.shutdown()`` or not."""
+    global _started_ray
+    if ray.is_initialized():
+        return
+    ray.init()
+    if not _started_ray:
+        _started_ray = True
+        atexit.register(_stop_started_ray, ray, os.getpid())
+
+
+def _stop_started_ray(ray: Any, pid: int) -> None:
+    """At exit: shut down the Ray that conveyor started, if it still runs
+    (in the process that started it: not in a child forked from it)."""
+    if os.getpid() == pid and ray.is_initialized():
+        ray.shutdown()
 
 
 def _kill(ray: Any, actor: Any) -> None:
