@@ -15,6 +15,8 @@ CONFIG_PROC_CHILDREN, which some kernels lack.)
     describe(pid)         state and command line, for failure messages
     new_shm_files(before) names that appeared in /dev/shm and that this process
                           or a descendant made (held, or named so)
+    script_env(**more)    the environment for a test's own script: this
+                          checkout's conveyor and the tests' modules importable
 """
 
 from __future__ import annotations
@@ -266,3 +268,16 @@ def new_shm_files(before: set[str]) -> set[str]:
         others = (int(entry) for entry in os.listdir("/proc") if entry.isdigit() and int(entry) not in family)
         ours |= conveyor_named - _held_by(others)
     return ours
+
+
+def script_env(**more: str) -> dict[str, str]:
+    """This process's environment, with ``more``, for a script a test runs in
+    a child ``python``: this checkout's conveyor and the tests' own modules
+    first on its path."""
+    import conveyor
+
+    src = os.path.dirname(os.path.dirname(os.path.abspath(conveyor.__file__)))
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, **more}
+    env["PYTHONPATH"] = os.pathsep.join([src, tests] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env

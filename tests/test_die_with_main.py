@@ -28,11 +28,8 @@ import time
 
 import pytest
 
-import conveyor
 import procutil
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-SRC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(conveyor.__file__)))
 #: How long the script may take to get its processes into the state (spawn
 #: on a loaded machine); a bound on the wait, never asserted.
 READY_WITHIN_S = 60.0
@@ -153,8 +150,7 @@ def kill_main_and_wait(tmp_path, script_text, *args, processes=2):
     script.write_text(textwrap.dedent(script_text))
     out = tmp_path / "out"
     out.mkdir()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([SRC_DIR, TESTS_DIR] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = procutil.script_env()
     with open(tmp_path / "stderr.txt", "w+") as stderr:
         proc = subprocess.Popen([sys.executable, str(script), str(out), *args], env=env, stdout=subprocess.DEVNULL,
                                 stderr=stderr, start_new_session=True)  # fmt: skip

@@ -22,14 +22,11 @@ import time
 
 import pytest
 
-import conveyor
 import procutil
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-SRC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(conveyor.__file__)))
 #: How long Ray's processes get to end after the script did (Ray's own
 #: shutdown stops a dozen of them; a loaded machine is slow at it).
 GONE_WITHIN_S = 60.0
@@ -67,8 +64,7 @@ def session_processes(sid: int) -> list[int]:
 def test_a_ray_conveyor_started_leaves_nothing_once_the_script_ends(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "RAY_AUTH_MODE": "disabled"}
-    env["PYTHONPATH"] = os.pathsep.join([SRC_DIR, TESTS_DIR] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = procutil.script_env(PYTHONWARNINGS="ignore", RAY_AUTH_MODE="disabled")
     # stderr goes to a file, not a pipe: a process left behind would hold a
     # pipe open and make reading it hang instead of failing the test.
     with open(tmp_path / "stderr.txt", "w") as stderr_file:

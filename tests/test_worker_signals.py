@@ -25,9 +25,8 @@ import numpy as np
 import pytest
 
 import conveyor
+import procutil
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-SRC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(conveyor.__file__)))
 #: How long the script may take to have its workers serving (spawn on a
 #: loaded machine); never asserted, only a bound on the wait.
 READY_WITHIN_S = 60.0
@@ -98,8 +97,7 @@ def run_and_signal(tmp_path, method, signame, own=False):
     script.write_text(textwrap.dedent(SCRIPT))
     out = tmp_path / "out"
     out.mkdir()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([SRC_DIR, TESTS_DIR] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = procutil.script_env()
     with open(tmp_path / "stderr.txt", "w+") as stderr:
         proc = subprocess.Popen(
             [sys.executable, str(script), str(out), method, signame, "own" if own else "main"],
@@ -220,8 +218,7 @@ def test_the_users_own_forkserver_processes_keep_the_default_signals(tmp_path, w
     themselves) still get the defaults, so ``terminate()`` ends them."""
     script = tmp_path / "own.py"
     script.write_text(OWN_FORKSERVER_SCRIPT)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([SRC_DIR, TESTS_DIR] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = procutil.script_env()
     done = subprocess.run([sys.executable, str(script), when], env=env, capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr[-3000:]
     seen, code = done.stdout.splitlines()[-2:]
