@@ -3,7 +3,8 @@ their bytes and without a fresh allocation per batch.
 
     main: SlotPool ── creates shared files, lends free slot k in a Task ──▶ any worker
     worker: SlotWriter(k) ── collate allocates in slot k (grows it if needed) ──▶ Batch header
-    main: SlotPool.decode ── views on slot k ── user ── last view dropped ──▶ slot k free again
+    main: SlotPool.decode ── small leaves copied out, views on slot k for large ones (leases.py)
+          ── user ── last large leaf dropped ──▶ slot k free again
 
 Ownership rule:
   * The main process creates every slot (an anonymous ``memfd``, or where
@@ -13,9 +14,12 @@ Ownership rule:
     before the workers start; every worker inherits the descriptors of every
     slot (one pool serves them all).
   * A slot belongs to the worker from the moment a Task names it until the
-    worker's Batch arrives; then to the main process while any array or tensor
-    handed to the user refers to it; then it is free. Only the main process
-    decides which slot a task writes to, so a slot in use is never written.
+    worker's Batch arrives; then to the main process while any large leaf
+    (array or tensor) handed to the user refers to it; then it is free. Small
+    leaves are copied out at delivery and hold nothing of it; the pages of a
+    slot that only some kept leaves use go back to the system
+    (``leases.SlotLease``). Only the main process decides which slot a task
+    writes to, so a slot in use is never written.
   * Only the worker grows a slot (``ftruncate`` + ``posix_fallocate``, so a
     full memory fails there with an error instead of a Bus error later;
     ``portable.resize_shared_file``); the main process maps the new size
@@ -28,7 +32,6 @@ import math
 import mmap
 import os
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -36,6 +39,7 @@ import numpy as np
 
 from ..portable import resize_shared_file, shared_memory_file
 from ...collate.convert import array_to_tensor
+from .leases import OWN_COPY_MAX_BYTES, SlotLease, own_copy
 from .tree import map_leaves
 
 #: Arrays start at multiples of this (cache lines, and what SIMD loads like).
@@ -283,12 +287,18 @@ class SlotPool:
         self.fds: list[int] = create_slot_fds(num_slots)
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._maps: dict[int, mmap.mmap] = {}
+        #: The lease of each slot whose batch was delivered and is not all gone yet.
+        self._leases: dict[int, SlotLease] = {}
         self.closed = False
 
     def lend(self) -> Optional[int]:
         """A free slot for the next task, or None. Only the thread that runs
         the executor lends; list.pop and list.append are atomic, so the
-        finalizers that give slots back (from any thread) need no lock."""
+        finalizers that give slots back (from any thread) need no lock.
+        With none free, the slots the user keeps part of give back the pages
+        of the leaves let go first (``leases.py``)."""
+        if not self._free:
+            self._punch_kept()
         return self._free.pop() if self._free else None
 
     @property
@@ -296,19 +306,24 @@ class SlotPool:
         """Slots lent and not given back yet."""
         return len(self.fds) - len(self._free)
 
-    def give_back(self, slot: Optional[int]) -> None:
+    def give_back(self, slot: Optional[int], emptied: bool = False) -> None:
         """Mark a slot free (its batch was dropped, or never used it). A slot
-        grown past ``RELEASE_ABOVE_BYTES`` gives its memory back first (the
-        next batch to use it grows it again, as a fresh one would)."""
+        grown past ``RELEASE_ABOVE_BYTES``, or with holes punched in it
+        (``emptied``), gives its memory back first (the next batch to use it
+        grows it again, as a fresh one would)."""
         if slot is None or self.closed:
             return
         try:
-            if os.fstat(self.fds[slot]).st_size > RELEASE_ABOVE_BYTES:
-                self._maps.pop(slot, None)  # (nothing uses it: every view of its batch is gone)
-                os.ftruncate(self.fds[slot], 0)
+            if emptied or os.fstat(self.fds[slot]).st_size > RELEASE_ABOVE_BYTES:
+                self._empty(slot)
         except (OSError, IndexError):
             pass  # (closed meanwhile, from another thread: nothing to give back)
         self._free.append(slot)
+
+    def _empty(self, slot: int) -> None:
+        """Truncate a slot that nothing uses (every view of its batch is gone)."""
+        self._maps.pop(slot, None)
+        os.ftruncate(self.fds[slot], 0)
 
     def _mapping(self, slot: int, size: int) -> mmap.mmap:
         current = self._maps.get(slot)
@@ -319,30 +334,55 @@ class SlotPool:
         return current
 
     def decode(self, data: Any, slot: int, slot_size: int, used: int) -> Any:
-        """Views on the slot in place of each :class:`Leaf` (tensors for
-        those that were tensors, by ``collate.array_to_tensor``); the slot is
-        free again once every view (and tensor on one) is gone."""
+        """The batch with each :class:`Leaf` in place: a small one copied out
+        of the slot, a large one a view on it (tensors for those that were
+        tensors, by ``collate.array_to_tensor``). The slot is free again once
+        every large leaf (and every view or tensor on one) is gone, at once if
+        there is none (``leases.py``)."""
         try:
             mapping = self._mapping(slot, slot_size)
         except BaseException:  # (mmap: out of memory, say) the slot is free again
             self.give_back(slot)
             raise
-        slab = np.frombuffer(mapping, np.uint8, count=used)
-        weakref.finalize(slab, self.give_back, slot)
+        lease = SlotLease(slot, mapping, self._released)
+        self._leases[slot] = lease
 
         def leaf(value: Any) -> Any:
             if not isinstance(value, Leaf):
                 return value
             dtype = np.dtype(value.dtype)
-            count = math.prod(value.shape)
-            array = slab[value.offset : value.offset + count * dtype.itemsize].view(dtype).reshape(value.shape)
+            nbytes = math.prod(value.shape) * dtype.itemsize
+            if nbytes <= OWN_COPY_MAX_BYTES:
+                raw = own_copy(mapping, value.offset, nbytes)
+            else:
+                raw = lease.view(value.offset, nbytes)
+            array = raw.view(dtype).reshape(value.shape)
             return array_to_tensor(array, value.torch_view) if value.torch else array
 
-        return map_leaves(data, leaf)
+        try:
+            return map_leaves(data, leaf)
+        finally:
+            lease.decoded()
+
+    def _released(self, slot: int, emptied: bool) -> None:
+        """(A lease's last leaf is gone, from any thread) the slot is free again."""
+        self._leases.pop(slot, None)
+        self.give_back(slot, emptied)
+
+    def _punch_kept(self) -> None:
+        """Give back the memory of the large leaves let go in slots that the
+        user keeps part of (the pool is out of free slots, or closing)."""
+        for lease in list(self._leases.copy().values()):
+            if lease.punch() and not self.closed:
+                self._empty(lease.slot)
 
     def close(self) -> None:
-        """Close every descriptor. Mappings that batches still use stay valid."""
+        """Close every descriptor (the workers are stopped). Mappings that
+        batches still use stay valid; those kept in part give back the pages
+        of the leaves let go."""
         self.closed = True
+        self._punch_kept()
+        self._leases.clear()
         for fd in self.fds:
             try:
                 os.close(fd)

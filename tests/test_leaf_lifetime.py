@@ -1,0 +1,149 @@
+"""A leaf owns its lifetime: what the user keeps of a batch keeps only its own
+bytes alive, never the batch's shared-memory slot.
+
+Counted, not guessed from RSS: where each kept leaf's memory lies (inside a
+slot mapping of this process or not, /proc/self/maps), how many slot mappings
+are left, and how many bytes the slots' files hold (their allocated blocks).
+A large leaf stays a zero-copy view and is never overwritten while kept,
+however often the other slots are reused; once let go, its slot serves the
+next batches right.
+"""
+
+import gc
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import conveyor
+import conveyor.torch as ct
+from leaf_datasets import ImagesMasksLabels, fill
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps and /proc/self/fd"),
+]
+
+METHODS = ["fork", "spawn"]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def slot_mappings() -> list[tuple[int, int]]:
+    """(start, end) of this process's mappings of shared-memory slots."""
+    spans = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "conveyor-slot" in line:
+                low, high = (int(x, 16) for x in line.split()[0].split("-"))
+                spans.append((low, high))
+    return spans
+
+
+def address(leaf) -> int:
+    if isinstance(leaf, torch.Tensor):
+        return leaf.untyped_storage().data_ptr()
+    return leaf.__array_interface__["data"][0]
+
+
+def in_a_slot(leaf) -> bool:
+    start = address(leaf)
+    return any(low <= start < high for low, high in slot_mappings())
+
+
+def slot_file_bytes() -> int:
+    """Bytes the slots' files hold now (allocated, holes not counted)."""
+    total = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "conveyor-slot" in os.readlink(f"/proc/self/fd/{fd}"):
+                total += os.fstat(int(fd)).st_blocks * 512
+        except OSError:
+            pass
+    return total
+
+
+def expected(first: int, count: int) -> torch.Tensor:
+    return torch.tensor([fill(i) for i in range(first, first + count)])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_kept_labels_their_slices_and_numpy_views_hold_no_slot(method):
+    """The eval idiom ``targets.append(y)``: 30 batches of 3 MB images, the
+    label tensor of each kept (and a slice of one, and a ``.numpy()`` of
+    another): none of them lies in a slot, and once the loader is done no
+    slot is mapped any more (today each label held its batch's slot)."""
+    loader = ct.DataLoader(ImagesMasksLabels(64 * 30, side=4), batch_size=64, num_workers=2, multiprocessing_context=method)
+    labels, slices, arrays = [], [], []
+    in_slots = 0
+    for b, batch in enumerate(loader):
+        in_slots += in_a_slot(batch["image"])
+        labels.append(batch["label"])
+        slices.append(batch["label"][10:20])
+        arrays.append(batch["mask"].numpy())
+        assert not any(in_a_slot(kept) for kept in (labels[-1], slices[-1], arrays[-1])), f"batch {b}'s small leaves lie in its slot"
+    assert in_slots >= 10, "the images came through the slots, zero-copy"
+    del batch
+    gc.collect()
+    assert slot_mappings() == [], "nothing the user kept holds a slot"
+    for b in range(30):
+        assert torch.equal(labels[b], torch.arange(64 * b, 64 * b + 64))
+        assert torch.equal(slices[b], torch.arange(64 * b + 10, 64 * b + 20))
+        assert (arrays[b][:, 0, 0] == expected(64 * b, 64).numpy()).all()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_kept_large_leaves_keep_only_their_pages_and_are_never_overwritten(method):
+    """Masks of 144 KiB (a large leaf: a zero-copy view) kept from every batch
+    of 3 MB images, 2 persistent workers: the masks stay right however the
+    slots are reused; the slots hold little more than the kept masks' own
+    pages, not the images let go beside them (today: every kept mask's whole
+    slot); let go, the slots serve the next epoch right, and a view of a
+    slice kept across that epoch's slot reuses is still right at its end."""
+    loader = ct.DataLoader(
+        ImagesMasksLabels(64 * 40), batch_size=64, num_workers=2, multiprocessing_context=method, persistent_workers=True
+    )
+    masks, copies = [], []
+    for b, batch in enumerate(loader):
+        assert torch.equal(batch["image"][:, :, 5, 7].amin(1), expected(64 * b, 64).float())
+        masks.append(batch["mask"])
+        copies.append(batch["mask"].clone())
+    del batch
+    in_slots = [mask for mask in masks if in_a_slot(mask)]
+    assert len(in_slots) >= 3, "large leaves stay zero-copy views on their slots"
+    mask_bytes = masks[0].numel()
+    one_batch = 64 * (3 * 64 * 64 * 4 + mask_bytes)
+    held = slot_file_bytes()
+    assert held <= len(in_slots) * (mask_bytes + 2 * PAGE) + one_batch, (
+        f"the slots hold {held} bytes for {len(in_slots)} kept masks of {mask_bytes} bytes"
+    )
+    for b, (mask, copy) in enumerate(zip(masks, copies)):
+        assert torch.equal(mask, copy), f"the kept mask of batch {b} was overwritten"
+    del masks, copies, in_slots, mask, copy
+    gc.collect()
+
+    kept = None
+    for b, batch in enumerate(loader):  # the slots given back, emptied, and grown again
+        assert torch.equal(batch["image"].amin((1, 2, 3)), expected(64 * b, 64).float()), f"stale bytes in batch {b}"
+        assert torch.equal(batch["image"].amax((1, 2, 3)), expected(64 * b, 64).float()), f"stale bytes in batch {b}"
+        if b == 0:
+            kept = batch["mask"].numpy()[3:9]
+            copy = kept.copy()
+    del batch
+    assert np.array_equal(kept, copy) and kept[:, 0, 0].tolist() == [fill(i) for i in range(3, 9)]
+
+
+def test_leaves_of_batches_sent_through_the_pipe_own_their_bytes():
+    """Small batches travel pickled through the pipe: each leaf is an array of
+    its own, not a view on the message that carried the whole batch."""
+    loader = conveyor.DataLoader(ImagesMasksLabels(8 * 6, side=8), batch_size=8, num_workers=1,
+                                 collate_fn=lambda samples: {"mask": np.stack([s["mask"] for s in samples]),
+                                                             "label": np.array([s["label"] for s in samples])})
+    for batch in loader:
+        for leaf in batch.values():
+            base = leaf
+            while isinstance(base, np.ndarray) and base.base is not None:
+                base = base.base
+            owner = base.obj if isinstance(base, memoryview) else base
+            assert len(memoryview(owner).cast("B")) == leaf.nbytes
