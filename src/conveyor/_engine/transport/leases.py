@@ -3,31 +3,33 @@
     SlotPool.decode ──▶ each Leaf: small (≤ OWN_COPY_MAX_BYTES) ──copied out──▶ an array of its own
                                    large ──▶ a view on the slot, on a base array of its own (SlotLease.view)
     each large leaf let go ──▶ SlotLease: the last one ──▶ SlotPool.give_back(slot)
-    no free slot left, or the pool closing ──▶ SlotLease.punch: pages no live leaf touches go back
+    a slot seen partly kept at two lends ──▶ SlotLease.punch: pages no live leaf touches go back;
+                                             with no slot free, the pool retires it (slot_pool.py)
 
 A leaf owns its lifetime: what a user keeps of a batch keeps only its own
-bytes alive, never the whole slot. A small leaf (a label, a length, a box)
-is copied out of the slot as it is delivered, a memcpy of at most a few
-microseconds, so that ``targets.append(y)`` keeps 512 bytes, not the batch's
-images, and its slot goes back to the pool once the large leaves are let
-go. A large leaf stays a zero-copy view; its slot is not reused while it
-lives (a slot in use is never written). Once some of a batch's large leaves
-are let go and others kept (the masks of every batch, kept next to images
-let go), the pages that no kept leaf touches are given back to the system
-(``madvise(MADV_REMOVE)``, a hole in the slot's file) when the pool runs out
-of free slots, or when its workers stop; until then such a slot holds no more
-than a free slot holds anyway. A kept large leaf then holds its own pages
-(plus at most the two pages it shares with its neighbours), and its slot
-stays out of use until it is let go: once every slot is kept, the next
-batches travel pickled through the pipe (slower, never overwritten).
-A slot with holes is emptied when its last leaf goes, so the worker that
-next fills it grows it afresh (with ``posix_fallocate``: a full memory fails
-there with an error, not with a Bus error on a page of a hole).
+bytes alive, never the whole slot.
 
-Why not at once: in a loop, ``for x, y in loader`` drops ``x`` a moment before
-``y``; giving its pages back then would make every batch allocate its slot
-anew. Where the system has no ``MADV_REMOVE`` (macOS), a slot partly kept
-keeps its memory until its last leaf goes.
+* A small leaf (a label, a length, a box) is copied out of the slot as it is
+  delivered, a memcpy of at most a few microseconds, so that
+  ``targets.append(y)`` keeps 512 bytes, not the batch's images, and the
+  slot goes back to the pool once the large leaves are let go.
+* A large leaf stays a zero-copy view; its slot is not written while it
+  lives. Once some large leaves of a batch are let go and others kept (the
+  masks of every batch, kept beside images let go), the pages that no kept
+  leaf touches go back to the system (``madvise(MADV_REMOVE)``: a hole in
+  the slot's file), and when the pool needs the slot, its file is left to
+  the kept leaves and the slot gets a fresh one. A kept large leaf then
+  holds its own pages, plus at most the two it shares with its neighbours.
+  A slot with holes is emptied when its last leaf goes, so the worker that
+  next fills it grows it afresh (with ``posix_fallocate``: a full memory
+  fails there with an error, not with a Bus error on a page of a hole).
+
+Why not at the first leaf let go: ``for x, y in loader`` drops ``x`` a moment
+before ``y``; giving its pages back then would make every batch allocate its
+slot anew. A slot is punched once it is still partly kept at the next lend
+of a slot, so what waits is a few batches at most. Where the system has no
+``MADV_REMOVE`` (macOS), a partly kept slot keeps its memory until its last
+leaf goes.
 """
 
 from __future__ import annotations
@@ -55,20 +57,23 @@ def own_copy(mapping: Any, offset: int, nbytes: int) -> np.ndarray:
 class SlotLease:
     """Which large leaves of one delivered batch still live in slot ``slot``.
 
-    Ownership rule: the lease is made by ``SlotPool.decode`` and holds the
+    Ownership rule: ``SlotPool.decode`` makes the lease, which holds the
     slot for the main process from delivery until its last large leaf is
-    gone (then ``release(slot, emptied)`` gives it back, ``emptied`` when
-    holes were punched in it). Each large leaf is a view on a base array of
-    its own, whose finalizer counts it gone; decode holds one count of its own
-    until every leaf is made, so a leaf dropped while decoding does not free
-    the slot early. Finalizers run in whatever thread drops the last
-    reference, so the counting takes no lock (``next`` on an
-    ``itertools.count`` is atomic). Only the thread that lends slots calls
-    ``punch`` (or the pool's ``close``, once its workers are stopped): a slot
-    it punches cannot be lent meanwhile.
+    gone; ``release(lease)`` then tells the pool. The pool may retire the
+    slot before that (``claim``, then ``retired``): the file the leaves lie
+    in is then theirs alone, and goes when the last of them goes. Each large
+    leaf is a view on a base array of its own, whose finalizer counts it
+    gone; decode holds one count of its own until every leaf is made, so a
+    leaf dropped while decoding does not free the slot early. Finalizers run
+    in whatever thread drops the last reference, so nothing here takes a
+    lock: ``next`` on an ``itertools.count`` and ``list.pop`` are atomic,
+    and exactly one of the pool's release and retirement claims the slot.
+    Only the thread that lends slots calls ``punch`` on a lease not retired
+    (or the pool's ``close``, once its workers are stopped), so a slot it
+    punches is not lent meanwhile.
     """
 
-    def __init__(self, slot: int, mapping: Any, release: Callable[[int, bool], None]):
+    def __init__(self, slot: int, mapping: Any, release: Callable[["SlotLease"], None]):
         self.slot = slot
         self._mapping = mapping
         self._release = release
@@ -76,9 +81,11 @@ class SlotLease:
         self._alive: list[bool] = []
         self._holds = 1  # the leaves made so far, and decode's own hold
         self._gone = itertools.count(1)
+        self._claim = [True]
         self._dead_when_punched = 0
         self.punched = False
         self.released = False
+        self.retired = False
 
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         """A large leaf's bytes: a view on the slot whose lifetime this lease follows."""
@@ -94,14 +101,25 @@ class SlotLease:
         """Every leaf is made: decode lets go of its own hold."""
         self._count_gone()
 
+    def claim(self) -> bool:
+        """Whether the caller is the one to dispose of the slot (true once only)."""
+        try:
+            return self._claim.pop()
+        except IndexError:
+            return False
+
     def _leaf_gone(self, index: int) -> None:
         self._alive[index] = False
-        self._count_gone()
+        if not self._count_gone() and self.retired:
+            self.punch()  # (a retired file, or a closed pool's, is never written again: its pages can go at once)
 
-    def _count_gone(self) -> None:
-        if next(self._gone) == self._holds:  # (exactly one caller sees the last)
-            self.released = True
-            self._release(self.slot, self.punched)
+    def _count_gone(self) -> bool:
+        """Count one hold gone; whether it was the last."""
+        if next(self._gone) != self._holds:  # (exactly one caller sees the last)
+            return False
+        self.released = True
+        self._release(self)
+        return True
 
     @property
     def partly_kept(self) -> bool:
@@ -118,15 +136,26 @@ class SlotLease:
             return False
         self._dead_when_punched = dead
         self.punched = True
+        self._give_back_pages(sorted(span for span, alive in zip(self._spans, self._alive) if alive))
+        return self.released
+
+    def punch_all(self) -> None:
+        """(A retired file, its last leaf gone) give back every page: the
+        workers may still hold the file open until they next write the slot."""
+        self._give_back_pages([])
+
+    def _give_back_pages(self, live: list[tuple[int, int]]) -> None:
+        """``madvise(MADV_REMOVE)`` every page of the mapping outside the ``live`` spans (sorted)."""
+        if _MADV_REMOVE is None:
+            return
         page = mmap.PAGESIZE
-        live = sorted(span for span, alive in zip(self._spans, self._alive) if alive)
+        size = len(self._mapping)
         start = 0
-        for low, high in live + [(len(self._mapping), len(self._mapping))]:
+        for low, high in live + [(size, size)]:
             end = low // page * page
             if end > start:
                 try:
                     self._mapping.madvise(_MADV_REMOVE, start, end - start)
-                except OSError:  # (the slot was emptied meanwhile: nothing left to give back)
-                    break
+                except (OSError, ValueError):  # (emptied, or closed, meanwhile: nothing left to give back)
+                    return
             start = max(start, (high + page - 1) // page * page)
-        return self.released

@@ -1,10 +1,10 @@
 """Shared-memory slots: batches travel between processes without pickling
 their bytes and without a fresh allocation per batch.
 
-    main: SlotPool ── creates shared files, lends free slot k in a Task ──▶ any worker
+    main: SlotPool (slot_pool.py) ── creates shared files, lends free slot k in a Task ──▶ any worker
     worker: SlotWriter(k) ── collate allocates in slot k (grows it if needed) ──▶ Batch header
-    main: SlotPool.decode ── small leaves copied out, views on slot k for large ones (leases.py)
-          ── user ── last large leaf dropped ──▶ slot k free again
+    main: SlotPool.decode (slot_pool.py) ── small leaves copied out, views on slot k for large
+          ones (leases.py) ── user ── last large leaf dropped ──▶ slot k free again
 
 Ownership rule:
   * The main process creates every slot (an anonymous ``memfd``, or where
@@ -18,8 +18,11 @@ Ownership rule:
     (array or tensor) handed to the user refers to it; then it is free. Small
     leaves are copied out at delivery and hold nothing of it; the pages of a
     slot that only some kept leaves use go back to the system
-    (``leases.SlotLease``). Only the main process decides which slot a task
-    writes to, so a slot in use is never written.
+    (``leases.SlotLease``), and a slot kept in part is retired: its file
+    stays with the kept leaves alone and the slot gets a fresh one, which
+    the workers open when a task names it (``SlotWriters``). Only the main
+    process decides which slot a task writes to, so a slot in use is never
+    written.
   * Only the worker grows a slot (``ftruncate`` + ``posix_fallocate``, so a
     full memory fails there with an error instead of a Bus error later;
     ``portable.resize_shared_file``); the main process maps the new size
@@ -38,9 +41,6 @@ from typing import Any, Optional
 import numpy as np
 
 from ..portable import resize_shared_file, shared_memory_file
-from ...collate.convert import array_to_tensor
-from .leases import OWN_COPY_MAX_BYTES, SlotLease, own_copy
-from .tree import map_leaves
 
 #: Arrays start at multiples of this (cache lines, and what SIMD loads like).
 _ALIGN_BYTES = 64
@@ -213,7 +213,44 @@ class SlotWriter:
         return None
 
     def close(self) -> None:
+        """Let go of the mapping (it is unmapped once the last array on it is gone)."""
         self.end()
+        self._map = None
+        self._current = ()
+
+
+class SlotWriters:
+    """A worker's writer of each slot. When the main process has retired a
+    slot's file (kept leaves live on in it alone, ``slot_pool.py``), the
+    task says where the new one is (``Task.slot_file``: its generation and a
+    /proc path to the main process's descriptor), and the worker opens it in
+    place of the old one; where it cannot, the batch travels inline."""
+
+    def __init__(self, fds: tuple):
+        self._writers: list[Optional[SlotWriter]] = [SlotWriter(fd) for fd in fds]
+        self._files: list[Optional[tuple[int, str]]] = [None] * len(fds)
+
+    def for_task(self, slot: Optional[int], file: Optional[tuple[int, str]]) -> Optional[SlotWriter]:
+        """The writer of ``slot`` as the task names it; None: send the batch inline."""
+        if slot is None:
+            return None
+        if file != self._files[slot]:
+            self._reopen(slot, file)
+        return self._writers[slot]
+
+    def _reopen(self, slot: int, file: Optional[tuple[int, str]]) -> None:
+        old, self._writers[slot] = self._writers[slot], None
+        self._files[slot] = file
+        if old is not None:
+            old.close()
+            os.close(old.fd)  # (this worker's descriptor of the retired file)
+        if file is None:
+            return
+        try:
+            fd = os.open(file[1], os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return  # (no /proc access here: this slot's batches travel inline)
+        self._writers[slot] = SlotWriter(fd)
 
 
 class StopFlag:
@@ -268,125 +305,3 @@ class StopFlag:
                 os.close(self.fd)
             except OSError:
                 pass
-
-
-# ----------------------------------------------------------------- main side
-
-
-class SlotPool:
-    """Main side: every slot, which are free, and views on them.
-
-    One pool serves all workers (any worker may write any free slot), so the
-    slots in use at once are those in flight plus those the user holds, not
-    a reserve per worker. Free slots are a stack: the most recently freed
-    (already grown, warm in the caches) is lent first, so a steady loop
-    touches only ``prefetch_factor × num_workers + 1`` of them.
-    """
-
-    def __init__(self, num_slots: int):
-        self.fds: list[int] = create_slot_fds(num_slots)
-        self._free: list[int] = list(range(num_slots - 1, -1, -1))
-        self._maps: dict[int, mmap.mmap] = {}
-        #: The lease of each slot whose batch was delivered and is not all gone yet.
-        self._leases: dict[int, SlotLease] = {}
-        self.closed = False
-
-    def lend(self) -> Optional[int]:
-        """A free slot for the next task, or None. Only the thread that runs
-        the executor lends; list.pop and list.append are atomic, so the
-        finalizers that give slots back (from any thread) need no lock.
-        With none free, the slots the user keeps part of give back the pages
-        of the leaves let go first (``leases.py``)."""
-        if not self._free:
-            self._punch_kept()
-        return self._free.pop() if self._free else None
-
-    @property
-    def in_use(self) -> int:
-        """Slots lent and not given back yet."""
-        return len(self.fds) - len(self._free)
-
-    def give_back(self, slot: Optional[int], emptied: bool = False) -> None:
-        """Mark a slot free (its batch was dropped, or never used it). A slot
-        grown past ``RELEASE_ABOVE_BYTES``, or with holes punched in it
-        (``emptied``), gives its memory back first (the next batch to use it
-        grows it again, as a fresh one would)."""
-        if slot is None or self.closed:
-            return
-        try:
-            if emptied or os.fstat(self.fds[slot]).st_size > RELEASE_ABOVE_BYTES:
-                self._empty(slot)
-        except (OSError, IndexError):
-            pass  # (closed meanwhile, from another thread: nothing to give back)
-        self._free.append(slot)
-
-    def _empty(self, slot: int) -> None:
-        """Truncate a slot that nothing uses (every view of its batch is gone)."""
-        self._maps.pop(slot, None)
-        os.ftruncate(self.fds[slot], 0)
-
-    def _mapping(self, slot: int, size: int) -> mmap.mmap:
-        current = self._maps.get(slot)
-        if current is None or len(current) < size:
-            # A smaller old mapping stays alive as long as arrays use it.
-            current = mmap.mmap(self.fds[slot], size)
-            self._maps[slot] = current
-        return current
-
-    def decode(self, data: Any, slot: int, slot_size: int, used: int) -> Any:
-        """The batch with each :class:`Leaf` in place: a small one copied out
-        of the slot, a large one a view on it (tensors for those that were
-        tensors, by ``collate.array_to_tensor``). The slot is free again once
-        every large leaf (and every view or tensor on one) is gone, at once if
-        there is none (``leases.py``)."""
-        try:
-            mapping = self._mapping(slot, slot_size)
-        except BaseException:  # (mmap: out of memory, say) the slot is free again
-            self.give_back(slot)
-            raise
-        lease = SlotLease(slot, mapping, self._released)
-        self._leases[slot] = lease
-
-        def leaf(value: Any) -> Any:
-            if not isinstance(value, Leaf):
-                return value
-            dtype = np.dtype(value.dtype)
-            nbytes = math.prod(value.shape) * dtype.itemsize
-            if nbytes <= OWN_COPY_MAX_BYTES:
-                raw = own_copy(mapping, value.offset, nbytes)
-            else:
-                raw = lease.view(value.offset, nbytes)
-            array = raw.view(dtype).reshape(value.shape)
-            return array_to_tensor(array, value.torch_view) if value.torch else array
-
-        try:
-            return map_leaves(data, leaf)
-        finally:
-            lease.decoded()
-
-    def _released(self, slot: int, emptied: bool) -> None:
-        """(A lease's last leaf is gone, from any thread) the slot is free again."""
-        self._leases.pop(slot, None)
-        self.give_back(slot, emptied)
-
-    def _punch_kept(self) -> None:
-        """Give back the memory of the large leaves let go in slots that the
-        user keeps part of (the pool is out of free slots, or closing)."""
-        for lease in list(self._leases.copy().values()):
-            if lease.punch() and not self.closed:
-                self._empty(lease.slot)
-
-    def close(self) -> None:
-        """Close every descriptor (the workers are stopped). Mappings that
-        batches still use stay valid; those kept in part give back the pages
-        of the leaves let go."""
-        self.closed = True
-        self._punch_kept()
-        self._leases.clear()
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.fds = []
-        self._maps.clear()

@@ -23,7 +23,8 @@ from typing import Any, Optional
 from ..errors import death_error, start_death_error
 from ..transport.messages import Batch, Task
 from ..transport.pickling import check_picklable
-from ..transport.slots import INLINE_MAX_BYTES, SlotPool, StopFlag
+from ..transport.slot_pool import SlotPool
+from ..transport.slots import INLINE_MAX_BYTES, StopFlag
 from ..loading.serving import WorkerFds
 from .fleet import REAP_TIMEOUT_S, Fleet, MakeConfig, WorkerHandle, stop_workers
 from .poller import Event, Poller
@@ -132,6 +133,8 @@ class WorkerPool:
         is written when ``wait`` finds room."""
         parts = []
         for task in tasks:
+            if task.slot is not None and self.slots is not None:
+                task.slot_file = self.slots.files[task.slot]
             try:
                 parts.append(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
             except Exception as exc:
