@@ -96,7 +96,7 @@ class WorkerPool:
                 self.method,
                 make_config,
                 self.stop_flag.fd if self.stop_flag is not None else None,
-                tuple(self.slots.fds) if self.slots is not None else (),
+                self.slots.fds if self.slots is not None else (),
             )
             self.workers = self._fleet.start(num_workers, now=1 if self.stagger else num_workers)
             self._rest_left = self.stagger and num_workers > 1
