@@ -175,12 +175,13 @@ class SlotPool:
             fd = shared_memory_file("slot")
         except OSError:
             return  # (no descriptor left: the slot stays out of use until its leaves go)
+        lease.retired = True  # (first: a last leaf going from now on finds it among the retired)
+        self._retired.add(lease)
         if not lease.claim():  # (its last leaf went meanwhile: given back already)
+            self._retired.discard(lease)
             os.close(fd)
             return
         slot = lease.slot
-        lease.retired = True
-        self._retired.add(lease)
         del self._leases[slot]
         self._maps.pop(slot, None)
         old, self.fds[slot] = self.fds[slot], fd
