@@ -152,12 +152,13 @@ class SlotPool:
         """Each slot the user keeps part of, seen so at the last look too (a
         batch whose leaves go one after the other is left alone), gives back
         the pages of its dropped leaves; with no slot free, it is retired
-        where it can be."""
+        where it can be, and then one not seen before qualifies too (else
+        the next batch would travel through the pipe)."""
         seen, self._seen_partly_kept = self._seen_partly_kept, set()
         for lease in list(self._leases.copy().values()):
             if not lease.partly_kept:
                 continue
-            if lease not in seen:
+            if lease not in seen and self._free:
                 self._seen_partly_kept.add(lease)
                 continue
             if lease.punch():  # (released meanwhile: a free slot with holes)
