@@ -48,6 +48,10 @@ Workloads:
      127.0.0.1, in a process of its own) with 20 ms per request, read through
      fsspec/s3fs: torch with 2 workers; conveyor with 2 processes x 8 reads
      in flight, and 8 threads x 4 (bench/store.py). samples/s.
+  o  kept leaves: the memory that keeping one leaf of every batch holds (a
+     512-byte label beside 3 MB of images; a 144 KiB mask beside them),
+     conveyor against torch (bench/kept_leaves.py; its cost on big batches
+     needs a checkout to compare with: kept_leaves.py --before SRC). MB.
   h  the cost of stats: (b) through conveyor with collect_stats on and off,
      10,000 batches a run, twice the rounds (the difference is small, the
      noise is not): batches/s ("overhead": 1 - the median of each round's
@@ -414,7 +418,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rounds", type=int, default=5, help="A B rounds per workload (default 5)")
-    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m,n", help="comma-separated workloads to run")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j,k,l,m,n,o", help="comma-separated workloads to run")
     args = parser.parse_args()
     only = set(args.only.split(","))
     import torch
@@ -485,6 +489,10 @@ def main() -> int:
         import list_memory
 
         report["list_memory"] = list_memory.run(list_memory.parse_args([]))
+    if "o" in only:
+        import kept_leaves
+
+        report["kept_leaves"] = kept_leaves.run(kept_leaves.parse_args(["--rounds", str(max(2, args.rounds // 2))]))
     if "m" in only:
         import shards
 
@@ -520,6 +528,8 @@ def main() -> int:
             print(f"k_list_memory {name}: +{result['growth_MB']} MB")
         if "store" in report:
             print("n_store: " + json.dumps(report["store"]["samples_per_s"]))
+        for name, result in report.get("kept_leaves", {}).get("kept", {}).items():
+            print(f"o_kept_{name}: conveyor +{result['conveyor_MB']} MB  torch +{result['torch_MB']} MB  ratio {result['ratio']}")
         if "shards" in report:
             print("m_shards: " + json.dumps(report["shards"]["samples_per_s"]))
         for rank in report.get("distributed", {}).get("ranks", []):

@@ -307,9 +307,9 @@ def test_percentiles_follow_the_slow_batches():
 
 
 def test_slots_in_use_counts_the_batches_the_loop_holds():
-    dataset = conveyor.TensorDataset(np.zeros((40, 4096), np.float32))
+    dataset = conveyor.TensorDataset(np.zeros((40, 32768), np.float32))
     loader = conveyor.DataLoader(dataset, batch_size=4, num_workers=2)
-    held = [batch for batch in loader]  # every batch kept: each holds its slot
+    held = [batch for batch in loader]  # every batch (512 KiB, a large leaf: a view) kept: each holds its slot
     assert loader.stats().slots_in_use >= 3
     del held
 

@@ -62,11 +62,18 @@ class Task:
     #: Seconds the sampler took to draw the indices (the batch's timings);
     #: stays in the main process.
     sampler_s: float = 0.0
+    #: Once the slot's first file was retired (kept leaves live on in it):
+    #: the generation and /proc path of its file now, for the worker to open
+    #: (``slots.SlotWriters``); set by the process pool as it sends the task.
+    slot_file: Optional[tuple[int, str]] = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """What crosses to a worker process: the fields a worker reads, in
         order (smaller and quicker to read back than field by name)."""
-        return (Task, (self.epoch_id, self.batch_index, self.seed, self.indices, self.slot, self.restore, self.fill_threads, self.dataset_epoch))
+        return (Task, (
+            self.epoch_id, self.batch_index, self.seed, self.indices, self.slot, self.restore, self.fill_threads,
+            self.dataset_epoch, 0.0, self.slot_file,  # (sampler_s stays in the main process)
+        ))  # fmt: skip
 
 
 @dataclass(frozen=True)

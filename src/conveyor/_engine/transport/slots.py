@@ -1,9 +1,10 @@
 """Shared-memory slots: batches travel between processes without pickling
 their bytes and without a fresh allocation per batch.
 
-    main: SlotPool ── creates shared files, lends free slot k in a Task ──▶ any worker
+    main: SlotPool (slot_pool.py) ── creates shared files, lends free slot k in a Task ──▶ any worker
     worker: SlotWriter(k) ── collate allocates in slot k (grows it if needed) ──▶ Batch header
-    main: SlotPool.decode ── views on slot k ── user ── last view dropped ──▶ slot k free again
+    main: SlotPool.decode (slot_pool.py) ── small leaves copied out, views on slot k for large
+          ones (leases.py) ── user ── last large leaf dropped ──▶ slot k free again
 
 Ownership rule:
   * The main process creates every slot (an anonymous ``memfd``, or where
@@ -13,9 +14,15 @@ Ownership rule:
     before the workers start; every worker inherits the descriptors of every
     slot (one pool serves them all).
   * A slot belongs to the worker from the moment a Task names it until the
-    worker's Batch arrives; then to the main process while any array or tensor
-    handed to the user refers to it; then it is free. Only the main process
-    decides which slot a task writes to, so a slot in use is never written.
+    worker's Batch arrives; then to the main process while any large leaf
+    (array or tensor) handed to the user refers to it; then it is free. Small
+    leaves are copied out at delivery and hold nothing of it; the pages of a
+    slot that only some kept leaves use go back to the system
+    (``leases.SlotLease``), and a slot kept in part is retired: its file
+    stays with the kept leaves alone and the slot gets a fresh one, which
+    the workers open when a task names it (``SlotWriters``). Only the main
+    process decides which slot a task writes to, so a slot in use is never
+    written.
   * Only the worker grows a slot (``ftruncate`` + ``posix_fallocate``, so a
     full memory fails there with an error instead of a Bus error later;
     ``portable.resize_shared_file``); the main process maps the new size
@@ -28,15 +35,12 @@ import math
 import mmap
 import os
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 
 from ..portable import resize_shared_file, shared_memory_file
-from ...collate.convert import array_to_tensor
-from .tree import map_leaves
 
 #: Arrays start at multiples of this (cache lines, and what SIMD loads like).
 _ALIGN_BYTES = 64
@@ -209,7 +213,44 @@ class SlotWriter:
         return None
 
     def close(self) -> None:
+        """Let go of the mapping (it is unmapped once the last array on it is gone)."""
         self.end()
+        self._map = None
+        self._current = ()
+
+
+class SlotWriters:
+    """A worker's writer of each slot. When the main process has retired a
+    slot's file (kept leaves live on in it alone, ``slot_pool.py``), the
+    task says where the new one is (``Task.slot_file``: its generation and a
+    /proc path to the main process's descriptor), and the worker opens it in
+    place of the old one; where it cannot, the batch travels inline."""
+
+    def __init__(self, fds: tuple):
+        self._writers: list[Optional[SlotWriter]] = [SlotWriter(fd) for fd in fds]
+        self._files: list[Optional[tuple[int, str]]] = [None] * len(fds)
+
+    def for_task(self, slot: Optional[int], file: Optional[tuple[int, str]]) -> Optional[SlotWriter]:
+        """The writer of ``slot`` as the task names it; None: send the batch inline."""
+        if slot is None:
+            return None
+        if file != self._files[slot]:
+            self._reopen(slot, file)
+        return self._writers[slot]
+
+    def _reopen(self, slot: int, file: Optional[tuple[int, str]]) -> None:
+        old, self._writers[slot] = self._writers[slot], None
+        self._files[slot] = file
+        if old is not None:
+            old.close()
+            os.close(old.fd)  # (this worker's descriptor of the retired file)
+        if file is None:
+            return
+        try:
+            fd = os.open(file[1], os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return  # (no /proc access here: this slot's batches travel inline)
+        self._writers[slot] = SlotWriter(fd)
 
 
 class StopFlag:
@@ -264,89 +305,3 @@ class StopFlag:
                 os.close(self.fd)
             except OSError:
                 pass
-
-
-# ----------------------------------------------------------------- main side
-
-
-class SlotPool:
-    """Main side: every slot, which are free, and views on them.
-
-    One pool serves all workers (any worker may write any free slot), so the
-    slots in use at once are those in flight plus those the user holds, not
-    a reserve per worker. Free slots are a stack: the most recently freed
-    (already grown, warm in the caches) is lent first, so a steady loop
-    touches only ``prefetch_factor × num_workers + 1`` of them.
-    """
-
-    def __init__(self, num_slots: int):
-        self.fds: list[int] = create_slot_fds(num_slots)
-        self._free: list[int] = list(range(num_slots - 1, -1, -1))
-        self._maps: dict[int, mmap.mmap] = {}
-        self.closed = False
-
-    def lend(self) -> Optional[int]:
-        """A free slot for the next task, or None. Only the thread that runs
-        the executor lends; list.pop and list.append are atomic, so the
-        finalizers that give slots back (from any thread) need no lock."""
-        return self._free.pop() if self._free else None
-
-    @property
-    def in_use(self) -> int:
-        """Slots lent and not given back yet."""
-        return len(self.fds) - len(self._free)
-
-    def give_back(self, slot: Optional[int]) -> None:
-        """Mark a slot free (its batch was dropped, or never used it). A slot
-        grown past ``RELEASE_ABOVE_BYTES`` gives its memory back first (the
-        next batch to use it grows it again, as a fresh one would)."""
-        if slot is None or self.closed:
-            return
-        try:
-            if os.fstat(self.fds[slot]).st_size > RELEASE_ABOVE_BYTES:
-                self._maps.pop(slot, None)  # (nothing uses it: every view of its batch is gone)
-                os.ftruncate(self.fds[slot], 0)
-        except (OSError, IndexError):
-            pass  # (closed meanwhile, from another thread: nothing to give back)
-        self._free.append(slot)
-
-    def _mapping(self, slot: int, size: int) -> mmap.mmap:
-        current = self._maps.get(slot)
-        if current is None or len(current) < size:
-            # A smaller old mapping stays alive as long as arrays use it.
-            current = mmap.mmap(self.fds[slot], size)
-            self._maps[slot] = current
-        return current
-
-    def decode(self, data: Any, slot: int, slot_size: int, used: int) -> Any:
-        """Views on the slot in place of each :class:`Leaf` (tensors for
-        those that were tensors, by ``collate.array_to_tensor``); the slot is
-        free again once every view (and tensor on one) is gone."""
-        try:
-            mapping = self._mapping(slot, slot_size)
-        except BaseException:  # (mmap: out of memory, say) the slot is free again
-            self.give_back(slot)
-            raise
-        slab = np.frombuffer(mapping, np.uint8, count=used)
-        weakref.finalize(slab, self.give_back, slot)
-
-        def leaf(value: Any) -> Any:
-            if not isinstance(value, Leaf):
-                return value
-            dtype = np.dtype(value.dtype)
-            count = math.prod(value.shape)
-            array = slab[value.offset : value.offset + count * dtype.itemsize].view(dtype).reshape(value.shape)
-            return array_to_tensor(array, value.torch_view) if value.torch else array
-
-        return map_leaves(data, leaf)
-
-    def close(self) -> None:
-        """Close every descriptor. Mappings that batches still use stay valid."""
-        self.closed = True
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.fds = []
-        self._maps.clear()

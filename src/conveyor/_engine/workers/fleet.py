@@ -22,7 +22,7 @@ import select
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ..loading.serving import WorkerConfig, WorkerFds
 from ..transport.messages import Stop, Task
@@ -97,10 +97,11 @@ class Fleet:
     """How the workers of one pool are started: what every start needs
     (the start method, their configs, the shared descriptors)."""
 
-    def __init__(self, method: str, make_config: MakeConfig, stop_fd: Optional[int], slot_fds: tuple):
+    def __init__(self, method: str, make_config: MakeConfig, stop_fd: Optional[int], slot_fds: Sequence[int]):
         self.method = method
         self._make_config = make_config
         self._stop_fd = stop_fd
+        #: The pool's list itself: a worker started later gets the files of slots retired meanwhile.
         self._slot_fds = slot_fds
 
     def start(self, num_workers: int, now: int) -> list[WorkerHandle]:
@@ -140,7 +141,7 @@ class Fleet:
         pipes of workers not started yet (else one worker's end of file
         would wait on another)."""
         stack = worker.stack
-        fds = WorkerFds(stop=self._stop_fd, stack=stack.fd if stack else None, slots=self._slot_fds)
+        fds = WorkerFds(stop=self._stop_fd, stack=stack.fd if stack else None, slots=tuple(self._slot_fds))
         close_fds = tuple(fd for w in workers for fd in w.channels.main_fds()) + tuple(
             fd for w in workers if w is not worker and w.process is None for fd in w.channels.worker_fds()
         )

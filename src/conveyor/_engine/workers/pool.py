@@ -23,7 +23,8 @@ from typing import Any, Optional
 from ..errors import death_error, start_death_error
 from ..transport.messages import Batch, Task
 from ..transport.pickling import check_picklable
-from ..transport.slots import INLINE_MAX_BYTES, SlotPool, StopFlag
+from ..transport.slot_pool import SlotPool
+from ..transport.slots import INLINE_MAX_BYTES, StopFlag
 from ..loading.serving import WorkerFds
 from .fleet import REAP_TIMEOUT_S, Fleet, MakeConfig, WorkerHandle, stop_workers
 from .poller import Event, Poller
@@ -95,7 +96,7 @@ class WorkerPool:
                 self.method,
                 make_config,
                 self.stop_flag.fd if self.stop_flag is not None else None,
-                tuple(self.slots.fds) if self.slots is not None else (),
+                self.slots.fds if self.slots is not None else (),
             )
             self.workers = self._fleet.start(num_workers, now=1 if self.stagger else num_workers)
             self._rest_left = self.stagger and num_workers > 1
@@ -132,6 +133,8 @@ class WorkerPool:
         is written when ``wait`` finds room."""
         parts = []
         for task in tasks:
+            if task.slot is not None and self.slots is not None:
+                task.slot_file = self.slots.files[task.slot]
             try:
                 parts.append(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
             except Exception as exc:

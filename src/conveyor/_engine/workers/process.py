@@ -50,7 +50,7 @@ from ..loading.fetch import make_fetcher
 from ..info import WorkerInfo
 from ..transport.messages import Fatal, Ready, Stop
 from ..loading.serving import INTERRUPTED_EXIT_CODE, Ending, Serving, WorkerConfig, WorkerFds, fatal_message
-from ..transport.slots import SlotWriter, StopFlag
+from ..transport.slots import SlotWriters, StopFlag
 from ..torch_hook import when_torch_loads
 from ..transport.wire import pack, read_frame, unpack, write_frame
 from ...rng import last_global_seed, seed_global_generators, thread_sample_random
@@ -168,7 +168,7 @@ def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
         return _send_fatal(result_fd, fatal_message(wid, config.where, "start"))
     if not _send(result_fd, pack(Ready(wid))):
         return 0
-    writers = [SlotWriter(fd) for fd in config.fds.slots]
+    writers = SlotWriters(config.fds.slots)
     stop = StopFlag(config.fds.stop) if config.fds.stop is not None else None
     serving = Serving(config, fetcher, stop)
     while True:
@@ -183,7 +183,7 @@ def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
         for task in tasks:
             if isinstance(task, Stop) or (stop is not None and stop.is_set()):
                 return 0
-            writer = writers[task.slot] if task.slot is not None else None
+            writer = writers.for_task(task.slot, task.slot_file)
             if task.fill_threads == 0 and stop is not None:
                 if stop.wait_while_filling(FIRST_BATCH_HOLD_S):
                     task.fill_threads = 1  # (the first batch is done: no need to stay out of its way)
