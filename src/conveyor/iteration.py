@@ -174,6 +174,9 @@ class LoaderIterator:
         the state saved now resumes at the first batch not delivered."""
         if not self._executor.usable or isinstance(error, BadSampleBudgetExceeded):
             return  # (the executor's own failure, or the budget's: said again by later calls as it is)
+        if self._progress.finished:  # (while the pass ended: nothing was on its way, and it stays ended)
+            self._close()
+            return
         self._cannot_go_on = (
             f"this DataLoader iterator cannot go on: {type(error).__name__} was raised inside next() (by a "
             f"signal handler, such as Ctrl-C's KeyboardInterrupt or a timeout, or by the sampler) while a batch "
