@@ -154,11 +154,10 @@ def _usable_cpus() -> Optional[frozenset]:
 def _cores_busy_s(cpus: frozenset, tick_s: float) -> float:
     """Busy seconds of ``cpus`` since boot. One read: the kernel writes the
     whole file at once, the per-core lines first (tens of microseconds in all)."""
-    fd = os.open(_PROC_STAT, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = os.read(fd, _PROC_STAT_BYTES)
-    finally:
-        os.close(fd)
+    # (a file object, not a bare descriptor: one a signal handler's exception
+    # interrupts between the opening and the read is closed as it is let go)
+    with open(_PROC_STAT, "rb", buffering=0) as stat:
+        data = stat.read(_PROC_STAT_BYTES)
     busy = 0
     for line in data.split(b"\n", (os.cpu_count() or 1) + 1):
         if not line.startswith(b"cpu"):
