@@ -184,13 +184,16 @@ def test_a_per_sample_alarm_in_a_worker_still_works():
         signal.signal(signal.SIGALRM, previous)
 
 
+#: The signals the forkserver script reports, in its order.
+JOB_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+
 OWN_FORKSERVER_SCRIPT = '''
 import multiprocessing, signal, sys, time
 import conveyor
 
 
 def handlers(queue):
-    queue.put([str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)])
+    queue.put([str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)])  # (JOB_SIGNALS)
 
 
 if __name__ == "__main__":
@@ -222,5 +225,7 @@ def test_the_users_own_forkserver_processes_keep_the_default_signals(tmp_path, w
     done = subprocess.run([sys.executable, str(script), when], env=env, capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr[-3000:]
     seen, code = done.stdout.splitlines()[-2:]
-    assert seen == str([str(signal.SIG_DFL)] * 3)
+    # (the defaults: what a fresh process started from here gets; under nohup, SIGHUP ignored)
+    inherited = [signal.SIG_IGN if signal.getsignal(s) == signal.SIG_IGN else signal.SIG_DFL for s in JOB_SIGNALS]
+    assert seen == str([str(each) for each in inherited])
     assert int(code) == -signal.SIGTERM
