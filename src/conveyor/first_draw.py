@@ -20,6 +20,7 @@ interrupted holds. Later draws take no lock: by then nothing else draws.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
@@ -69,7 +70,10 @@ class FirstDrawAhead:
     def __next__(self) -> Any:
         if not self._drawn.is_set():
             if self._drawer is None:  # (a thread of its own draws: see the module docstring)
-                self._drawer = threading.Thread(target=self.draw_first, name="conveyor-first-draw", daemon=True)
+                context = contextvars.copy_context()  # (the sampler sees the caller's context variables)
+                self._drawer = threading.Thread(
+                    target=context.run, args=(self.draw_first,), name="conveyor-first-draw", daemon=True
+                )
                 self._drawer.start()
             self._drawn.wait()
             self._drawer.join()  # (it is leaving: nothing of the pass's draw outlives it)
