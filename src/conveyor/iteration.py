@@ -6,7 +6,7 @@
         executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(batch_index, data | error, copies, timings, skipped)
         delivery:  skipped samples ──▶ SkipLedger (skip_bad_samples: log, stats, budget);
                    a batch whose every sample was skipped ──▶ the next one
-                   [pin thread] ──▶ stats.batch (StatsRecorder) ──▶ progress.delivered(index)
+                   [pin thread] ──▶ stats.batch (StatsRecorder) ──▶ progress.delivered(index, copies)
                    ──▶ the batch (or its error)
 
 Each ``next()`` is timed (the loop's wait, and its compute since the
@@ -16,6 +16,11 @@ while a profiler records.
 The pass owns its executor unless workers persist (then the loader does),
 and its finalizer stops the pin thread and the owned workers whether the
 pass is exhausted, abandoned or collected.
+
+An exception a signal handler raises into ``next()`` (Ctrl-C, a timeout's
+alarm) leaves a batch already taken from the executor held for the next
+``next()``; one raised while a batch was on its way stops the pass, which
+says from then on that it cannot go on (``LoaderIterator._interrupted``).
 """
 
 from __future__ import annotations

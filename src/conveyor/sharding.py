@@ -24,6 +24,7 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from ._engine.info import get_worker_info
+from .arguments import is_int
 from .dataset import IterableDataset
 
 
@@ -135,7 +136,7 @@ class ShardedIterable(IterableDataset):
     def epoch(self) -> Optional[int]:
         """The source's epoch (its ``epoch``), else the one ``set_epoch`` was given last (None: none)."""
         epoch = getattr(self.source, "epoch", None)
-        return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else self._epoch
+        return epoch if is_int(epoch) else self._epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Pass ``epoch`` on to ``source`` when it has ``set_epoch``."""

@@ -2,8 +2,9 @@
 
 ::
 
-    DataLoader.__iter__        ──▶ tracker.begin(view) ──▶ Start(epoch, base seed, progress, resume, copies)
-    iterator, each batch       ──▶ progress.delivered(index), progress.copies = delivered.copies
+    DataLoader.__iter__        ──▶ tracker.begin(view, prepare) ──▶ Start(epoch, base seed, progress, resume, copies)
+                                   (published in one step, its draw wired first: safe from a signal handler)
+    iterator, each batch       ──▶ progress.delivered(index, copies)  (one call)
     DataLoader.state_dict()    ──▶ tracker.save(view)  ──▶ LoaderState(...).to_dict()
                                    = {version, kind, settings, ..., checksum}
     DataLoader.load_state_dict ──▶ tracker.load(view, state): LoaderState.from_dict checks

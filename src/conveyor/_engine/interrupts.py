@@ -13,6 +13,10 @@ An exception is a handler's when a frame of its traceback runs the code
 of a Python handler installed now. KeyboardInterrupt from Python's own
 SIGINT handler has no such frame, but it is no Exception and so is never
 caught as a failure.
+
+``HolderLock`` serves the other side: a reader (``stats()``) called from a
+handler that interrupted a change made under the lock, in the same thread,
+can tell, and answer with what it read before instead of half-changed figures.
 """
 
 from __future__ import annotations
