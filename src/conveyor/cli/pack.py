@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from .factory import FactoryError
+from .pack_fresh import CHECKS
 from .pack_sources import PackError, PackFailed
 from .pack_verify import verify
 from .packing import pack
@@ -32,8 +33,22 @@ lists every shard with its samples, size and SHA-256.
 
 Each shard holds at most --max-samples samples and/or --max-bytes bytes.
 The same SRC and bounds give the same bytes, whatever --workers. A run that
-stops part way (interrupted, a full disk) leaves no manifest; the same
-command again keeps the shards already written and writes the rest.
+stops part way (interrupted, a full disk, killed) leaves no manifest; the
+same command again keeps the shards already written and writes the rest.
+
+Again over a packed folder, the same command compares SRC with what the
+folder records of each sample (a file's path, size and modification time;
+with --check full also the SHA-256 of its bytes, which finds an edit that
+kept both; a MODULE:FACTORY sample's SHA-256, always) and re-packs only
+the shards whose samples changed, saying what changed; if nothing did, it
+says "already packed ... up to date" and writes nothing.
+
+Several runs at once (ranks of one job, jobs on several machines sharing
+the folder) take turns through OUT/pack.lock: one packs, the others say on
+one line that they wait, then find the folder up to date. --no-wait
+refuses at once instead (exit 1). A lock left by a killed run is taken
+over: on its machine once its process has ended, from another machine once
+its heartbeat (the lock's mtime, touched every 2 s) is 30 s old.
 
 Links: a file or class folder of SRC that is a symbolic link leading out of
 SRC is skipped, and listed, unless --follow-links is given. A link that
@@ -82,6 +97,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--quality", metavar="Q", type=int, default=90, help="JPEG quality of re-encoded images (default 90)")
     parser.add_argument("--keep-original", action="store_true", help="with --max-side, also store each original file")
+    parser.add_argument(
+        "--check", choices=CHECKS, default="stat",
+        help="over a packed folder, what tells a changed file: stat (path, size, mtime; default) or full (also its bytes)",
+    )  # fmt: skip
+    parser.add_argument("--no-wait", action="store_true", help="refuse at once when another pack is at work on OUT")
     parser.add_argument("--verify", action="store_true", help="check the packed folder SRC instead of packing")
 
 
@@ -126,15 +146,19 @@ def run(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         bounds = (args.max_samples, args.max_bytes)
         reencode = _reencode(args)
-        manifest = pack(args.src, args.out, *bounds, args.workers, follow_links=args.follow_links, reencode=reencode)
+        packed = pack(args.src, args.out, *bounds, args.workers, follow_links=args.follow_links, reencode=reencode,
+                      check=args.check, wait=not args.no_wait)  # fmt: skip
     except (PackError, FactoryError) as exc:
         print(f"conveyor pack: error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, PackFailed) else 2
-    size = sum(shard["bytes"] for shard in manifest["shards"])
-    print(
-        f"packed {manifest['samples']} samples into {len(manifest['shards'])} shards "
-        f"({size / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s: {args.out}"
-    )
+    manifest, took_s = packed.manifest, time.perf_counter() - started
+    shards, size = len(manifest["shards"]), sum(shard["bytes"] for shard in manifest["shards"]) / 1e6
+    if packed.up_to_date:
+        print(f"already packed: {manifest['samples']} samples in {shards} shards ({size:.1f} MB), up to date with "
+              f"{args.src} (--check {args.check}, {took_s:.1f} s): {args.out}")  # fmt: skip
+    else:
+        print(f"packed {manifest['samples']} samples into {shards} shards ({size:.1f} MB; {packed.written} written) "
+              f"in {took_s:.1f} s: {args.out}")  # fmt: skip
     return 0
 
 

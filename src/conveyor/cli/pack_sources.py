@@ -35,6 +35,7 @@ class FolderSource:
 
     def __init__(self, root: str, follow_links: bool = False):
         self._inside, self._follow = os.path.realpath(root), follow_links
+        self._root = root
         #: Links left out: "cat/key.pem -> /home/me/.ssh/id_rsa".
         self.skipped: list[str] = []
         folders = [entry for entry in _sorted_entries(root) if entry.is_dir() and self._admitted(entry, root, False)]
@@ -78,6 +79,13 @@ class FolderSource:
         path, label, _ = self.files[i]
         return [os.path.getsize(path), len(str(label))]
 
+    def identity(self, i: int) -> dict:
+        """What tells sample ``i`` without reading it (its file's path in SRC,
+        class, size, modification time): what a re-pack compares (pack_fresh.py)."""
+        path, label, _ = self.files[i]
+        st = os.stat(path)
+        return {"file": os.path.relpath(path, self._root), "cls": label, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
 
 def _sorted_entries(folder: str) -> list[os.DirEntry]:
     """A folder's entries by name (their kinds come with the listing: no stat each)."""
@@ -105,6 +113,10 @@ class DatasetSource:
     def sizes(self, i: int) -> list[int]:
         return [len(data) for _, data in self.members(i)]
 
+    def identity(self, i: int) -> dict:
+        """Nothing tells a dataset's sample but its bytes: a re-pack compares their digests (pack_fresh.py)."""
+        return {}
+
 
 class ReencodedSource:
     """Another source with its images stored smaller (``--max-side``:
@@ -129,6 +141,9 @@ class ReencodedSource:
 
     def sizes(self, i: int) -> list[int]:
         return [len(data) for _, data in self.members(i)]
+
+    def identity(self, i: int) -> dict:
+        return self.source.identity(i)  # (how its images are stored is in the description, a setting)
 
 
 def open_source(src: str, follow_links: bool = False, reencode: Any = None) -> Any:

@@ -1,41 +1,49 @@
-"""Packing: a source into bounded tar shards, in parallel, resumable, and
-never leaving a shard that looks finished but is not.
+"""Packing: a source into bounded tar shards, in parallel, resumable, one
+run at a time per folder, and never leaving a shard that looks finished
+but is not, or one that no longer holds its source.
 
-    SRC ──plan (sizes: a file's from stat, a sample's by encoding it)──▶ shards as sample ranges (plan.json)
-        ──W processes──▶ shard k: .tar.tmp ──▶ SHA-256 ──▶ .idx.tmp (tied to the tar: size, hash)
-                         ──▶ rename both ──▶ .json (its record: done)
-        ──▶ manifest.json (removed first when any shard is to be written)
+    OUT/pack.lock (pack_lock.py: waits for, or refuses, another run; takes over a dead one's)
+    SRC ──survey (sizes for --max-bytes; over an earlier pack, each sample's fingerprint: pack_fresh.py)
+        ──▶ shards as sample ranges (plan.json) ──▶ keep each shard finished and current, write the rest:
+        ──W processes──▶ shard k: .tar.<run>.tmp ──▶ SHA-256 ──▶ .idx.<run>.tmp (tied to the tar: size, hash)
+                         ──▶ rename both ──▶ .json (its record, with its samples' fingerprints: done)
+        ──▶ manifest.json (removed first when any shard is to be written; written by the lock's holder, last)
 
-The same SRC and bounds give the same bytes, whatever W. A run that stops
-(interrupted, a full disk, a refused permission) leaves no record for a
-shard it did not finish, and no manifest, so ``--verify`` refuses the
-folder; the same command again keeps each shard whose record, tar and
-index agree and writes the rest. An I/O error becomes one PackFailed that
-names the file and the cause; the writing processes stop taking shards.
+The same SRC and bounds give the same bytes, whatever W, and a re-pack
+after the source changed gives the bytes a first pack of it would. A run
+that stops (interrupted, a full disk, a refused permission, killed) leaves
+no record for a shard it did not finish, and no manifest, so ``--verify``
+refuses the folder; the same command again keeps each shard whose record,
+tar and index agree and whose samples match the source, and writes the
+rest. Files are written under names of their run's own (``<run>``, its
+lock's token) and renamed into place, so no two runs ever write one file.
+An I/O error becomes one PackFailed that names the file and the cause; the
+writing processes stop taking shards.
 """
 
 from __future__ import annotations
 
-import errno
-import json
+import functools
 import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from .._engine.workers.process import die_with
-from ..shards.errors import ShardError
 from ..shards.index import ShardIndex, file_sha256
-from ..shards.manifest import MANIFEST, shard_record
+from ..shards.manifest import MANIFEST
 from ..shards.records import BLOCK, open_shard_writer, tar_bytes, write_sample
+from .pack_folder import (PLAN, earlier_plan, extra_shards, finished, io_step, read_json, recorded, remove,
+                          shard_name, tidy, write_json)  # fmt: skip
+from .pack_fresh import news, shard_is_current, survey_sample, written_print
+from .pack_lock import PackLock
 from .pack_sources import PackError, PackFailed, open_source
 
 #: tarfile pads an archive to a multiple of this (20 blocks) when it closes.
 _RECORD = 20 * BLOCK
-_PLAN = "plan.json"
 #: Links listed one by one when some were skipped; the rest are counted.
 _SKIPS_LISTED = 10
 
@@ -62,26 +70,6 @@ def _on_disk(member_bytes: int) -> int:
     return -(-(member_bytes + 2 * BLOCK) // _RECORD) * _RECORD
 
 
-# ----------------------------------------------------------------- errors
-def _cause(exc: OSError) -> str:
-    """An OSError's cause in words, and what to do about it."""
-    text = exc.strerror or str(exc)
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"{text} (free some space, then run the same command again: it keeps the shards already written)"
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"{text} (choose a folder you may write to, or change its permissions)"
-    return f"{text} (run the same command again once it is mended: it keeps the shards already written)"
-
-
-@contextmanager
-def _io(doing: str, path: str) -> Iterator[None]:
-    """Turn an OSError into one PackFailed naming the file (the error's own, else ``path``) and the cause."""
-    try:
-        yield
-    except OSError as exc:
-        raise PackFailed(f"cannot {doing} {exc.filename or path}: {_cause(exc)}") from None
-
-
 # ---------------------------------------------------------------- writing
 _source: Any = None  # (the source: inherited by forked writing processes, opened anew by spawned ones)
 
@@ -102,96 +90,67 @@ def _writer_starts(parent_pid: Optional[int], src: str, follow_links: bool, reen
     _adopt(src, follow_links, reencode)
 
 
-def _sizes_of(i: int) -> list[int]:
-    with _io("read", f"sample {i} of the source"):
-        return _source.sizes(i)
+def _members_of(i: int) -> tuple[list[tuple[str, bytes]], dict]:
+    """Sample ``i``'s members, and the fingerprint its shard's record keeps (its identity read first)."""
+    with io_step("read", f"sample {i} of the source"):
+        identity = _source.identity(i)
+        members = _source.members(i)
+    return members, written_print(members, identity)
 
 
-def _members_of(i: int) -> list[tuple[str, bytes]]:
-    with _io("read", f"sample {i} of the source"):
-        return _source.members(i)
+def _survey_of(i: int, sizes: bool, prints: bool, full: bool) -> tuple[Optional[list], Optional[dict]]:
+    with io_step("read", f"sample {i} of the source"):
+        return survey_sample(_source, i, sizes, prints, full)
 
 
-def shard_name(k: int) -> str:
-    return f"shard-{k:06d}.tar"
+@dataclass(frozen=True)
+class ShardJob:
+    """Write shard ``k`` (samples ``start`` to ``end``) into ``out``, its files first under names of ``run``'s."""
+
+    out: str
+    k: int
+    start: int
+    end: int
+    run: str
 
 
-def write_shard(job: tuple[str, int, int, int]) -> tuple[int, dict]:
-    """Write shard ``k`` (samples ``start`` to ``end``) into ``out``; (k,
-    its record). On any error its unfinished files are removed."""
-    out, k, start, end = job
-    path = os.path.join(out, shard_name(k))
+def write_shard(job: ShardJob) -> tuple[int, dict]:
+    """Write the shard of ``job``; (k, its record). On any error its unfinished files are removed."""
+    path = os.path.join(job.out, shard_name(job.k))
+    tar_tmp, idx_tmp = f"{path}.{job.run}.tmp", f"{path}.idx.{job.run}.tmp"
     try:
-        with _io("write", path):
-            _remove(path + ".json")  # (a record from before no longer vouches for this shard)
-            samples = []
-            with open_shard_writer(path + ".tmp") as tar:
-                for i in range(start, end):
-                    samples.append((f"{i:09d}", write_sample(tar, f"{i:09d}", _members_of(i))))
-            digest, size = file_sha256(path + ".tmp"), os.path.getsize(path + ".tmp")
-            ShardIndex.build(samples, size, digest).save(path + ".idx.tmp")
-            os.replace(path + ".tmp", path)
-            os.replace(path + ".idx.tmp", path + ".idx")
-            record = {"name": shard_name(k), "first": start, "samples": end - start, "bytes": size, "sha256": digest}
-            _write_json(path + ".json", record)  # (last: a shard with a record is done)
+        with io_step("write", path):
+            remove(path + ".json")  # (a record from before no longer vouches for this shard)
+            samples, prints = [], []
+            with open_shard_writer(tar_tmp) as tar:
+                for i in range(job.start, job.end):
+                    members, fingerprint = _members_of(i)
+                    samples.append((f"{i:09d}", write_sample(tar, f"{i:09d}", members)))
+                    prints.append(fingerprint)
+            digest, size = file_sha256(tar_tmp), os.path.getsize(tar_tmp)
+            ShardIndex.build(samples, size, digest).save(idx_tmp)
+            os.replace(tar_tmp, path)
+            os.replace(idx_tmp, path + ".idx")
+            record = {"name": shard_name(job.k), "first": job.start, "samples": job.end - job.start, "bytes": size,
+                      "sha256": digest}  # fmt: skip
+            write_json(path + ".json", {**record, "source": prints}, job.run)  # (last: a shard with a record is done)
     except BaseException:
-        _remove(path + ".tmp", path + ".idx.tmp", path + ".json.tmp")
+        remove(tar_tmp, idx_tmp, f"{path}.json.{job.run}.tmp")
         raise
-    return k, record
-
-
-def _write_json(path: str, value: Any) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f, indent=1)
-    os.replace(path + ".tmp", path)
-
-
-#: What _read_json gives for a file that is there but cannot be read as JSON.
-_UNREADABLE = object()
-
-
-def _read_json(path: str) -> Any:
-    """The JSON in ``path``; None when there is no such file; _UNREADABLE when it cannot be read."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return _UNREADABLE
-
-
-def _remove(*paths: str) -> None:
-    for path in paths:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
-def _finished(out: str, k: int, start: int, end: int) -> Optional[dict]:
-    """Shard ``k``'s record when the shard was finished (its record, tar and
-    index there and agreeing on size, hash and samples); None: write it again."""
-    path = os.path.join(out, shard_name(k))
-    raw = _read_json(path + ".json")
-    if not isinstance(raw, dict):
-        return None
-    try:
-        record = shard_record(raw, path + ".json", "record")
-    except ShardError:
-        return None
-    agrees = record.name == shard_name(k) and record.first == start and record.samples == end - start
-    if not agrees or not os.path.isfile(path) or os.path.getsize(path) != record.bytes:
-        return None
-    try:
-        index = ShardIndex.load(path + ".idx")
-    except (ShardError, OSError):
-        return None
-    tied = index.tar_bytes == record.bytes and index.tar_sha256 == record.sha256 and len(index) == record.samples
-    return raw if tied else None
+    return job.k, record
 
 
 # ------------------------------------------------------------------- pack
+@dataclass(frozen=True)
+class Packed:
+    """What a pack did: the folder's manifest, the shards it wrote, and
+    whether the folder already held this source (nothing written)."""
+
+    manifest: dict
+    written: int
+    up_to_date: bool
+
+
 def pack(
     src: str,
     out: str,
@@ -201,72 +160,103 @@ def pack(
     start_method: Optional[str] = None,
     follow_links: bool = False,
     reencode: Any = None,
-) -> dict:
-    """Pack ``src`` into ``out``; the manifest. The writing processes start
-    with ``start_method`` (default: fork where there is one, else spawn).
-    Links out of a folder ``src`` are skipped (listed on stderr) unless
+    check: str = "stat",
+    wait: bool = True,
+) -> Packed:
+    """Pack ``src`` into ``out``. The writing processes start with
+    ``start_method`` (default: fork where there is one, else spawn). Links
+    out of a folder ``src`` are skipped (listed on stderr) unless
     ``follow_links``; images are stored as ``reencode`` says when given
-    (``--max-side``). Raises PackError (bad input) or PackFailed (I/O)."""
+    (``--max-side``). Over an earlier pack, the source is compared with
+    what the folder records (``check``: "stat" or "full", pack_fresh.py).
+    Another run at work on ``out`` is waited for, or with ``wait=False``
+    refused (PackBusy). Raises PackError (bad input) or PackFailed (I/O)."""
     global _source
-    with _io("read", src):
+    with io_step("read", src):
         _source = open_source(src, follow_links, reencode)
     _tell_skipped(_source.skipped)
-    with _io("create the folder", out):
+    with io_step("create the folder", out):
         os.makedirs(out, exist_ok=True)
     if start_method is None:
         start_method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    context = multiprocessing.get_context(start_method)
-    processes = _Processes(context, src, follow_links, reencode)
-    planned = _plan(out, max_samples, max_bytes, workers, processes)
+    processes = _Processes(multiprocessing.get_context(start_method), src, follow_links, reencode)
+    lock = PackLock(out, wait)
+    with io_step("take the lock", lock.path):
+        lock.acquire()
+    try:
+        return _pack_holding(lock, (max_samples, max_bytes), workers, processes, check == "full")
+    finally:
+        with io_step("remove the lock", lock.path):
+            lock.release()
+
+
+def _pack_holding(lock: PackLock, bounds: tuple, workers: int, processes: "_Processes", full: bool) -> Packed:
+    """The pack into ``lock.out``, by the lock's holder."""
+    out, run = lock.out, lock.run
+    tidy(out)
+    settings = {"source": _source.description, "max_samples": bounds[0], "max_bytes": bounds[1]}
+    earlier = earlier_plan(out, settings)
+    comparing = earlier is not None or os.path.exists(os.path.join(out, shard_name(0) + ".json"))
+    sizes, prints = _survey(processes, workers, bounds[1] is not None, comparing, full)
+    ranges = plan_shards(sizes, *bounds)
+    planned = {"settings": settings, "shards": [list(shard) for shard in ranges]}
     records: dict[int, dict] = {}
     todo = []
-    for k, (start, end) in enumerate(planned["shards"]):
-        record = _finished(out, k, start, end)
-        if record is not None:
+    for k, (start, end) in enumerate(ranges):
+        record = finished(out, k, start, end)
+        if record is not None and (prints is None or shard_is_current(record, prints, start, end)):
             records[k] = record
         else:
-            todo.append((out, k, start, end))
+            todo.append(ShardJob(out, k, start, end, run))
+    manifest_path = os.path.join(out, MANIFEST)
+    had_manifest = os.path.exists(manifest_path)
+    said = news(out, recorded(out, earlier), prints, len(todo), len(ranges), had_manifest)
+    if said is not None:
+        print(f"conveyor pack: {said}", flush=True)
+    extras = extra_shards(out, len(ranges))
+    if not todo and not extras and read_json(os.path.join(out, PLAN)) == planned:
+        manifest = _manifest(planned, records)
+        if read_json(manifest_path) == manifest:
+            return Packed(manifest, 0, True)
+    with io_step("remove the old manifest", manifest_path):
+        if had_manifest:  # (it would vouch for a folder being rewritten)
+            lock.confirm("remove the manifest")
+            remove(manifest_path)
+        if read_json(os.path.join(out, PLAN)) != planned:
+            write_json(os.path.join(out, PLAN), planned, run)
     if todo:
-        with _io("remove the old manifest", os.path.join(out, MANIFEST)):
-            if os.path.exists(os.path.join(out, MANIFEST)):  # (it would vouch for a folder being rewritten)
-                os.unlink(os.path.join(out, MANIFEST))
         for k, record in processes.run(write_shard, todo, min(workers, len(todo))):
             records[k] = record
-    manifest = {
+    with io_step("remove", out):
+        remove(*(os.path.join(out, name) for name in extras))
+    manifest = _manifest(planned, records)
+    lock.confirm("write the manifest")
+    with io_step("write", manifest_path):
+        write_json(manifest_path, manifest, run)
+    return Packed(manifest, len(todo), False)
+
+
+def _manifest(planned: dict, records: dict[int, dict]) -> dict:
+    """The manifest: the source, and each shard's record (without its samples' fingerprints, kept in its record)."""
+    return {
         "format": "webdataset tar, conveyor index",
         "source": _source.description,
         "samples": len(_source),
         "classes": _source.classes,
-        "shards": [records[k] for k in range(len(planned["shards"]))],
-    }
-    with _io("write", os.path.join(out, MANIFEST)):
-        _write_json(os.path.join(out, MANIFEST), manifest)
-    return manifest
+        "shards": [{key: value for key, value in records[k].items() if key != "source"}
+                   for k in range(len(planned["shards"]))],
+    }  # fmt: skip
 
 
-def _plan(
-    out: str, max_samples: Optional[int], max_bytes: Optional[int], workers: int, processes: "_Processes"
-) -> dict:
-    """The plan in ``out`` (a resumed run's), or a new one, written there."""
-    settings = {"source": _source.description, "samples": len(_source), "max_samples": max_samples,
-                "max_bytes": max_bytes}  # fmt: skip
-    path = os.path.join(out, _PLAN)
-    planned = _read_json(path)
-    if planned is not None and not (isinstance(planned, dict) and isinstance(planned.get("shards"), list)):
-        raise PackError(f"{path} is not a plan conveyor pack wrote; pack into an empty folder")
-    if planned is not None and planned.get("settings") != settings:
-        raise PackError(
-            f"{out} holds shards packed with other settings ({planned.get('settings')}); pack into an empty folder"
-        )
-    if planned is None:
-        if max_bytes is None:
-            sizes = [[0]] * len(_source)
-        else:
-            sizes = list(processes.map(_sizes_of, range(len(_source)), workers))
-        planned = {"settings": settings, "shards": plan_shards(sizes, max_samples, max_bytes)}
-        with _io("write", path):
-            _write_json(path, planned)
-    return planned
+def _survey(
+    processes: "_Processes", workers: int, sizes: bool, prints: bool, full: bool
+) -> tuple[list, Optional[list]]:
+    """Each sample's member sizes (for --max-bytes) and, when ``prints``, its fingerprint now."""
+    if not (sizes or prints):
+        return [[0]] * len(_source), None
+    work = functools.partial(_survey_of, sizes=sizes, prints=prints, full=full)
+    found = processes.map(work, range(len(_source)), workers)
+    return ([s for s, _ in found] if sizes else [[0]] * len(found)), ([p for _, p in found] if prints else None)
 
 
 class _Processes:
@@ -319,4 +309,4 @@ def _tell_skipped(skipped: list[str]) -> None:
         print(f"  ... and {len(skipped) - _SKIPS_LISTED} more", file=sys.stderr)
 
 
-__all__ = ["pack", "plan_shards", "write_shard", "shard_name", "PackError", "PackFailed"]
+__all__ = ["pack", "Packed", "plan_shards", "write_shard", "ShardJob", "shard_name", "PackError", "PackFailed"]
