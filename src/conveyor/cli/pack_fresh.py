@@ -114,12 +114,12 @@ def news(out: str, old: Optional[list], new: Optional[list], writing: int, shard
     """The line a pack over an earlier one prints before it writes, or None
     (nothing to say). ``old``: the records' fingerprints (None: not all
     known); ``finished``: the folder had a manifest."""
-    if not writing:
-        return None
     if old is not None and new is not None:
         changes = compare(old, new)
         if changes:
             return f"source changed since {out} was packed: {changes}; re-packing {writing} of {shards} shards"
+    if not writing:
+        return None
     if finished:
         return f"{out}: re-packing {writing} of {shards} shards (missing, damaged, or packed by an earlier conveyor)"
     if writing < shards:
