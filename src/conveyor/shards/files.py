@@ -15,11 +15,15 @@ interpreter (and every thread in it); a read returns what is there, and
 its byte count and the file's ``fstat`` after it say whether that is the
 file and the bytes the index was made for. A rewrite in place (a new
 mtime) between or during reads, a truncation, a shrink: each is a
-ShardError, never a sample of mixed bytes. A file replaced by rename keeps
-its old inode open here until evicted; its next open checks the new file's
-size against the index. One ``pread`` and one ``fstat`` per sample (the
-same two system calls a ranged read of a store's local copy costs); a map
-cost a page fault per page instead (bench/shards.py measures both).
+ShardError, never a sample of mixed bytes. A file replaced by rename (a
+folder swapped in, a restored copy) is seen by a ``stat`` of its path at
+the next read: the new file is opened and checked against the index. One
+``stat``, one ``pread`` and one ``fstat`` per sample; a map cost a page
+fault per page instead (bench/shards.py measures both). What no stat can
+tell: a file opened while another program is in the middle of one write
+to it (the write's new mtime came before its bytes) can give that write's
+bytes; each member's tar header is still checked, and ``conveyor pack
+--verify`` hashes the whole tar.
 
 Why a bounded table: a file held open per shard ever read runs out of file
 descriptors (``ulimit -n``) with thousands of shards, and out of maps
@@ -105,6 +109,10 @@ class ShardFiles:
         fewer bytes."""
         shown = name or path
         entry = self._pin(path, tar_bytes, shown)
+        if _replaced(path, entry.identity):  # (renamed over since it was opened: read the new file, checked anew)
+            self._unpin(entry)
+            self.forget(path)
+            entry = self._pin(path, tar_bytes, shown)
         try:
             data = os.pread(entry.fd, end - start, start)
             now = identity(os.fstat(entry.fd))
@@ -193,6 +201,16 @@ def _opened(path: str, tar_bytes: int, shown: str) -> _Open:
             f"({VERIFY_HINT})"
         )
     return _Open(fd, ident)
+
+
+def _replaced(path: str, opened: Identity) -> bool:
+    """Whether ``path`` now names another file than the one opened (a file
+    unlinked since, such as a cache's evicted copy, is still read whole)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) != (opened.device, opened.inode)
 
 
 def _change(before: Identity, now: Identity, got: int, wanted: int) -> str:
