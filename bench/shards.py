@@ -11,7 +11,7 @@ before each run (posix_fadvise DONTNEED). Samples/s of:
 
   torch_files     torch.utils.data over the loose files (one open per sample)
   conveyor_files  conveyor.torch over the loose files
-  conveyor_shards conveyor.torch over conveyor.shards.ShardDataset (memory-mapped, no open per sample)
+  conveyor_shards conveyor.torch over conveyor.shards.ShardDataset (one pread per sample from a bounded table of open files)
   conveyor_stream the shards read whole, in a shuffled shard order (ShardDataset.stream)
 
 and what the checks of every read cost (``checks``): ShardDataset.raw per

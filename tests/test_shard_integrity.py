@@ -2,7 +2,7 @@
 record: a damaged or stale tar, index (.idx) or manifest.json is refused with
 an error naming the file, the sample and what disagrees; the index is tied to
 its tar (size, hash); each member's tar header is checked at every read, from
-a local map and from a store's ranged read; manifest paths stay in their folder.
+a local file read and from a store's ranged read; manifest paths stay in their folder.
 The same damages make ``conveyor pack --verify`` fail, naming each."""
 
 from __future__ import annotations
@@ -94,12 +94,20 @@ DAMAGES = {
 }
 
 
+def without_manifest(folder):
+    """A folder of tars and indexes with no manifest and none of a pack's own files (as another tool
+    writes it): a data set of its tars. (With plan.json or .tar.json records left it is an unfinished
+    pack, refused: tests/test_unfinished_pack.py.)"""
+    for name in ["manifest.json", "plan.json", *(p.name for p in folder.glob("*.tar.json"))]:
+        (folder / name).unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize("damage", list(DAMAGES))
 @pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "no-manifest"])
 def test_a_damaged_shard_or_index_is_an_error_never_wrong_bytes(packed, damage, manifest):
     DAMAGES[damage](packed)
     if not manifest:
-        (packed / "manifest.json").unlink()
+        without_manifest(packed)
     with pytest.raises(ValueError) as caught:
         read_all(packed)
     assert TAR in str(caught.value)
@@ -144,7 +152,7 @@ def skip_sample(path, s) -> None:
 def test_an_index_that_points_at_the_wrong_member_is_caught_when_the_sample_is_read(packed):
     # Only the tar header before each member can tell (no manifest to count the samples against).
     skip_sample(packed / IDX, 5)
-    (packed / "manifest.json").unlink()
+    without_manifest(packed)
     dataset = ShardDataset(packed)
     assert [dataset[i]["bin"] for i in range(5)] == [content(n) for n in range(5)]  # (before the edit: right)
     with pytest.raises(ValueError) as caught:
@@ -321,12 +329,12 @@ def test_a_ranged_read_that_comes_back_short_is_an_error(packed, store_of):
 def test_a_store_shard_read_through_a_wrong_index_is_an_error(packed, store_of):
     store, remote = store_of(packed)
     skip_sample(remote / IDX, 5)
-    (remote / "manifest.json").unlink()
+    without_manifest(remote)
     dataset = ShardDataset("shards", store=store)
     assert dataset[4]["bin"] == content(4)
     with pytest.raises(ValueError, match=r"shard-000000\.tar.*sample 5"):
         dataset[5]
-    dataset.open_shard(0)  # (the whole shard fetched and mapped: the same check)
+    dataset.open_shard(0)  # (the whole shard fetched and read locally: the same check)
     with pytest.raises(ValueError, match=r"shard-000000\.tar.*sample 5"):
         dataset[5]
 

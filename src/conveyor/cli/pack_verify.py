@@ -1,7 +1,8 @@
 """``conveyor pack --verify FOLDER``: every check a packed folder can be
 given, every problem named (not only the first).
 
-    manifest.json ──checked (keys, types, every shard name inside FOLDER)
+    manifest.json ──missing: an unfinished pack (manifest.unfinished_problem, as the reader says) or none
+                  ──checked (keys, types, every shard name inside FOLDER)
     per shard     ──size and SHA-256 against the manifest
                   ──its tar's headers scanned (a tar cut short is named)
                   ──its .idx loaded (checked) and compared with the scan, member by member,
@@ -15,7 +16,7 @@ import os
 
 from ..shards.errors import VERIFY_HINT, ShardError
 from ..shards.index import ShardIndex, file_sha256
-from ..shards.manifest import MANIFEST, ShardRecord, read_manifest
+from ..shards.manifest import MANIFEST, ShardRecord, read_manifest, unfinished_problem
 
 
 def verify(out: str) -> list[str]:
@@ -27,6 +28,9 @@ def verify(out: str) -> list[str]:
     except OSError as exc:
         return [f"{os.path.join(out, MANIFEST)}: cannot be read ({exc.strerror or exc})"]
     if manifest is None:
+        unfinished = unfinished_problem(out, os.listdir(out)) if os.path.isdir(out) else None
+        if unfinished is not None:  # (the verdict ShardDataset gives)
+            return [unfinished]
         return [f"{out}: no {MANIFEST} (not packed, or the packing did not finish: run it again)"]
     problems, total = [], 0
     for n, record in enumerate(manifest.shards):

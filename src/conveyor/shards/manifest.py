@@ -4,6 +4,9 @@ shards a source names.
     manifest.json ──parse──▶ Manifest: samples, and per shard a ShardRecord
                              (name inside the folder, samples, bytes, sha256)
                   ──▶ a ShardError naming the file and the key at the first thing wrong
+    no manifest.json, but a pack's files (plan.json, .tar.json records, .tmp files)
+                  ──▶ unfinished_problem: an unfinished pack, never a data set (the reader's
+                      ShardError and ``conveyor pack --verify`` say the same)
 
 A shard's name is a relative path that stays in the manifest's folder: no
 absolute path, no ``..``, no empty or ``.`` part, no backslash or NUL. (A
@@ -130,6 +133,26 @@ def read_manifest(folder: str) -> Optional[Manifest]:
     return parse_manifest(text, path)
 
 
+#: Files ``conveyor pack`` leaves in a folder before its manifest is written.
+PLAN = "plan.json"
+_PACK_SUFFIXES = (".tar.json", ".tmp")
+
+
+def unfinished_problem(folder: str, names: Sequence[str]) -> Optional[str]:
+    """Why ``folder`` (which holds ``names`` and no manifest) is not a data
+    set: it holds files of a ``conveyor pack`` that did not finish. None
+    when it holds none (a folder of tars another tool wrote)."""
+    names = [os.path.basename(n) for n in names]
+    signs = [n for n in names if n == PLAN or n.endswith(_PACK_SUFFIXES)]
+    if not signs:
+        return None
+    finished = sum(n.endswith(".tar") for n in names)
+    shown = ", ".join(sorted(signs)[:3]) + (" ..." if len(signs) > 3 else "")
+    return (f"{folder}: an unfinished conveyor pack, not a data set: no {MANIFEST} (written last, when every shard "
+            f"is done), but the pack's own files ({shown}) and {finished} finished shards; run the same "
+            f"`conveyor pack` command again to finish it")  # fmt: skip
+
+
 # --------------------------------------------------------------- listing
 def find_shards(
     source: Union[str, os.PathLike, Sequence[str]], store: Optional[Store] = None
@@ -145,12 +168,18 @@ def find_shards(
         if name in found:
             manifest = parse_manifest(store.read(name), getattr(store, "url", str)(name))
             return [f"{folder}/{shard.name}" if folder else shard.name for shard in manifest.shards], manifest
+        problem = unfinished_problem(getattr(store, "url", str)(folder), found)
+        if problem is not None:
+            raise ShardError(problem)
         return [p for p in found if p.endswith(".tar")], None
     source = str(source)
     if os.path.isdir(source):
         local = read_manifest(source)
         if local is not None:
             return [os.path.join(source, shard.name) for shard in local.shards], local
+        problem = unfinished_problem(source, os.listdir(source))
+        if problem is not None:
+            raise ShardError(problem)
         return sorted(glob.glob(os.path.join(source, "*.tar"))), None
     if any(c in source for c in "*?["):
         return sorted(glob.glob(source)), None
@@ -162,5 +191,5 @@ def shard_paths(source: Union[str, os.PathLike, Sequence[str]], store: Optional[
     ``*.tar`` files, sorted), a glob pattern, one tar, or a list of tars; in
     ``store`` (a conveyor.Store) when given, a folder of it. A manifest is
     checked first (a ShardError when it is malformed or names a path
-    outside its folder)."""
+    outside its folder), and a folder a pack left unfinished is refused."""
     return find_shards(source, store)[0]

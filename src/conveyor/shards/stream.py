@@ -40,7 +40,7 @@ class Shards(Protocol):
 
     def __getitem__(self, i: int) -> Any: ...
 
-    def open_shard(self, shard: int) -> object: ...
+    def open_shard(self, shard: int) -> str: ...  # the file its samples are read from
 
     def close_shard(self, shard: int) -> None: ...
 
@@ -77,7 +77,7 @@ class ShardStream(IterableDataset):
 
 class ShardReader:
     """One pass of a ShardStream in one worker: its shards in order, each
-    mapped while it is read (from a store: the next ones prefetched). Saves
+    held open while it is read (from a store: the next ones prefetched). Saves
     and loads where it stands (``state_dict``), so a resumed stream goes on
     from the sample after the last one delivered without reading again."""
 
