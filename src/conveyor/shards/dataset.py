@@ -183,27 +183,53 @@ class ShardDataset:
         Each member's tar header is checked first (its name, size and
         checksum); a disagreement is a ShardError."""
         shard, s = self.locate(i)
+        return self.raws(shard, s, s + 1)[0]
+
+    def raws(self, shard: int, start: int, stop: int) -> list[dict]:
+        """Samples ``start`` to ``stop`` of shard ``shard`` (numbers within
+        it) as ``raw`` gives each, by one read of all their bytes, checked
+        as ``raw`` checks them."""
         index = self.indexes[shard]
-        first, stop = index.starts.item(s), index.starts.item(s + 1)
+        first, last = index.starts.item(start), index.starts.item(stop)
         if self.store is not None and (self._pid != os.getpid() or shard not in self._local):
-            base, data = self._read_range(self.store, shard, s, first, stop)
+            base, data = self._read_range(self.store, shard, start, first, last)
         else:
-            base, data = self._read_file(shard, first, stop)
-        key = index.keys.item(s)
-        sample = {"__key__": key}
-        exts, ext_ids, offsets, sizes = index.exts, index.ext_ids, index.offsets, index.sizes
-        for m in range(first, stop):
-            ext = exts[ext_ids.item(m)]
-            at, size = offsets.item(m) - base, sizes.item(m)
-            problem = header_problem(data, at, f"{key}.{ext}", size)
-            if problem is not None:
-                raise ShardError(
-                    f"{self.paths[shard]}: sample {s} of the shard (sample {i} of the dataset, key {key!r}), member "
-                    f"{ext!r}: {problem}. The index does not match the tar (a stale or edited index, or a changed "
-                    f"tar); {VERIFY_HINT}, then pack again or restore the files"
-                )
-            sample[ext] = data[at : at + size]
-        return sample
+            base, data = self._read_file(shard, first, last)
+        exts, ext_ids, offsets, sizes, starts = index.exts, index.ext_ids, index.offsets, index.sizes, index.starts
+        samples = []
+        for s in range(start, stop):
+            key = index.keys.item(s)
+            sample = {"__key__": key}
+            for m in range(starts.item(s), starts.item(s + 1)):
+                ext = exts[ext_ids.item(m)]
+                at, size = offsets.item(m) - base, sizes.item(m)
+                problem = header_problem(data, at, f"{key}.{ext}", size)
+                if problem is not None:
+                    raise ShardError(
+                        f"{self.paths[shard]}: sample {s} of the shard (sample {self.firsts[shard] + s} of the "
+                        f"dataset, key {key!r}), member {ext!r}: {problem}. The index does not match the tar (a "
+                        f"stale or edited index, or a changed tar); {VERIFY_HINT}, then pack again or restore the "
+                        f"files"
+                    )
+                sample[ext] = data[at : at + size]
+            samples.append(sample)
+        return samples
+
+    def run_end(self, shard: int, start: int, max_bytes: int) -> int:
+        """Where a read of shard ``shard``'s samples from ``start`` ends: the
+        samples whose bytes lie within ``max_bytes`` of its first (at least one)."""
+        index = self.indexes[shard]
+        first_byte = index.offsets.item(index.starts.item(start))
+        members = int(np.searchsorted(index.offsets, first_byte + max_bytes, side="left"))
+        stop = int(np.searchsorted(index.starts, members, side="right")) - 1
+        return min(max(stop, start + 1), len(index))
+
+    def prepare(self, sample: dict) -> Any:
+        """A raw sample as the dataset hands it out: decoded by extension (unless
+        ``decode=False``), then ``transform``-ed."""
+        if self.decode:
+            sample = {ext: value if ext == "__key__" else decode_member(ext, value) for ext, value in sample.items()}
+        return self.transform(sample) if self.transform is not None else sample
 
     def _read_file(self, shard: int, first: int, stop: int) -> tuple[int, bytes]:
         """(where it begins in the tar, the bytes): members ``first`` to ``stop`` by one pread of the file."""
@@ -223,7 +249,8 @@ class ShardDataset:
             return base, self._files.read(self.open_shard(shard), base, end, index.tar_bytes, name)
 
     def _read_range(self, store: Store, shard: int, s: int, first: int, stop: int) -> tuple[int, bytes]:
-        """(where it begins in the tar, the bytes): sample ``s``'s first header to its last byte, by one ranged read."""
+        """(where it begins in the tar, the bytes): members ``first`` to ``stop`` (sample ``s``'s first header
+        on), by one ranged read."""
         if first == stop:
             return 0, b""
         index = self.indexes[shard]
@@ -239,10 +266,7 @@ class ShardDataset:
         return base, data
 
     def __getitem__(self, i: int) -> Any:
-        sample = self.raw(i)
-        if self.decode:
-            sample = {ext: value if ext == "__key__" else decode_member(ext, value) for ext, value in sample.items()}
-        return self.transform(sample) if self.transform is not None else sample
+        return self.prepare(self.raw(i))
 
     def stream(self, shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2) -> ShardStream:
         """The same samples as an IterableDataset that reads whole shards in

@@ -1,46 +1,48 @@
 """Open shard files, a bounded few per process, read by ``os.pread`` and
 checked to be the file that was opened.
 
-    read(path, start, end) ──pin──▶ its open file (LRU of ``limit``; opened, checked against
-                                    the index's tar size, when not held)
+    read(path, start, end) ──▶ its open file (LRU of ``limit``; opened, checked against the
+                               index's tar size, when not held)
                            ──os.pread(end - start bytes at start)──▶ bytes
-                           ──fstat──▶ same size, mtime and inode as at open? and every byte came?
-                           ──unpin──▶ (an evicted file is closed by its last reader)
+                           ──stat(path)──▶ the same file (device, inode), of the size and mtime
+                               it had at open? and every byte came? (another file renamed
+                               over the path: let go, the new one opened and read instead)
                            ──▶ the bytes, or a ShardError naming the shard (its file is let go:
                                the next read opens it anew)
 
 Why ``pread`` and not memory maps: a map's pages vanish when its file is
 cut short under it, and touching them is a SIGBUS that kills the
 interpreter (and every thread in it); a read returns what is there, and
-its byte count and the file's ``fstat`` after it say whether that is the
-file and the bytes the index was made for. A rewrite in place (a new
+its byte count and a ``stat`` of the path after it say whether that is
+the file and the bytes the index was made for. A rewrite in place (a new
 mtime) between or during reads, a truncation, a shrink: each is a
 ShardError, never a sample of mixed bytes. A file replaced by rename (a
-folder swapped in, a restored copy) is seen by a ``stat`` of its path at
-the next read: the new file is opened and checked against the index. One
-``stat``, one ``pread`` and one ``fstat`` per sample; a map cost a page
-fault per page instead (bench/shards.py measures both). What no stat can
-tell: a file opened while another program is in the middle of one write
-to it (the write's new mtime came before its bytes) can give that write's
-bytes; each member's tar header is still checked, and ``conveyor pack
---verify`` hashes the whole tar.
+folder swapped in, a restored copy) is seen by the same ``stat``: the new
+file is opened, checked against the index and read. One ``pread`` and one
+``stat`` per read; a map cost a page fault per page instead
+(bench/shards.py measures both). What no stat can tell: a
+file opened while another program is in the middle of one write to it (the
+write's new mtime came before its bytes) can give that write's bytes; each
+member's tar header is still checked, and ``conveyor pack --verify`` hashes
+the whole tar.
 
 Why a bounded table: a file held open per shard ever read runs out of file
 descriptors (``ulimit -n``) with thousands of shards, and out of maps
 (``vm.max_map_count``) with tens of thousands. At most ``limit`` files are
-held (plus, briefly, one per thread reading a file just evicted: an fd is
-closed only when no thread is reading it, so its number is never reused by
-another file mid-read). A forked child drops its parent's table and opens
-its own; a pickled table travels empty.
+held, plus, briefly, one per thread still reading a file just evicted: a
+descriptor is closed when its last reference goes (the table's, or a
+reader's), so its number is never reused by another file mid-read. A
+forked child drops its parent's table and opens its own; a pickled table
+travels empty.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from .errors import VERIFY_HINT, ShardError
 
@@ -49,9 +51,8 @@ from .errors import VERIFY_HINT, ShardError
 OPEN_FILES = 32
 
 
-@dataclass(frozen=True)
-class Identity:
-    """What says a file is still the one opened: device, inode, size, mtime (ns)."""
+class Identity(NamedTuple):
+    """What says a path still names the file opened, unchanged: device, inode, size, mtime (ns)."""
 
     device: int
     inode: int
@@ -64,14 +65,14 @@ def identity(st: os.stat_result) -> Identity:
 
 
 class _Open:
-    """One open file: its descriptor, identity at open, readers at work, and
-    whether it left the table. It owns its descriptor: closed once, by
-    ``close`` or when the entry is collected (a dataset let go of)."""
+    """One open file: its descriptor and identity at open. It owns its
+    descriptor, closed when the last reference to it goes (the table's and
+    every reader's), or by ``close``."""
 
-    __slots__ = ("fd", "identity", "pins", "evicted")
+    __slots__ = ("fd", "identity")
 
     def __init__(self, fd: int, ident: Identity):
-        self.fd, self.identity, self.pins, self.evicted = fd, ident, 0, False
+        self.fd, self.identity = fd, ident
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1
@@ -87,85 +88,79 @@ class _Open:
 
 class ShardFiles:
     """A process's open shard files, at most ``limit`` (least recently read
-    closed first), safe to read from many threads at once. Ownership: the
-    table opens each file and closes it once it is evicted or forgotten and
-    no reader holds it."""
+    let go first), safe to read from many threads at once. Ownership: the
+    table opens each file; an entry it lets go of is closed by its last
+    reader."""
 
     def __init__(self, limit: int = OPEN_FILES):
         if limit < 1:
             raise ValueError(f"ShardFiles: limit is {limit}; hold at least 1 open file")
         self.limit = limit
         self._reset()
+        _TABLES.add(self)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._table: OrderedDict[str, _Open] = OrderedDict()
-        self._pid = os.getpid()
 
     def read(self, path: str, start: int, end: int, tar_bytes: int, name: Optional[str] = None) -> bytes:
         """Bytes ``start`` to ``end`` of ``path``, a shard whose index was made
         for ``tar_bytes`` bytes; a ShardError (naming ``name`` or ``path``)
         when the file is not that size, changed since it was opened, or gave
-        fewer bytes."""
-        shown = name or path
-        entry = self._pin(path, tar_bytes, shown)
-        if _replaced(path, entry.identity):  # (renamed over since it was opened: read the new file, checked anew)
-            self._unpin(entry)
-            self.forget(path)
-            entry = self._pin(path, tar_bytes, shown)
-        try:
-            data = os.pread(entry.fd, end - start, start)
-            now = identity(os.fstat(entry.fd))
-        except OSError as exc:
-            self.forget(path)
-            raise ShardError(f"{shown}: cannot be read ({exc.strerror or exc}); restore it ({VERIFY_HINT})") from exc
-        finally:
-            self._unpin(entry)
-        if now != entry.identity or len(data) != end - start:
+        fewer bytes. A file renamed over ``path`` since it was opened is
+        opened and read instead."""
+        for attempt in range(2):
+            entry = self._entry(path, tar_bytes, name or path)
+            try:
+                data = os.pread(entry.fd, end - start, start)
+                st = _stat(path, entry.fd)
+            except OSError as exc:
+                del entry  # (closed with the table's reference, not kept by this frame's traceback)
+                self.forget(path)
+                raise ShardError(
+                    f"{name or path}: cannot be read ({exc.strerror or exc}); restore it ({VERIFY_HINT})"
+                ) from exc
+            opened = entry.identity
+            del entry
+            if st.st_ino != opened.inode or st.st_dev != opened.device:
+                self.forget(path)  # (renamed over: the new file is opened, checked and read)
+                if attempt == 0:
+                    continue
+            elif len(data) == end - start and st.st_size == opened.size and st.st_mtime_ns == opened.mtime_ns:
+                return data
             self.forget(path)
             raise ShardError(
-                f"{shown}: changed while it was read ({_change(entry.identity, now, len(data), end - start)}): "
-                f"another program rewrote, truncated or replaced it; restore the shard (the next read opens it "
+                f"{name or path}: changed while it was read ({_change(opened, identity(st), len(data), end - start)}):"
+                f" another program rewrote, truncated or replaced it; restore the shard (the next read opens it "
                 f"anew) or pack again ({VERIFY_HINT})"
             )
-        return data
+        raise AssertionError("unreachable")
 
     def forget(self, path: str) -> None:
         """Let go of ``path``'s open file (closed now, or by its last reader)."""
         with self._lock:
-            entry = self._table.pop(path, None) if self._pid == os.getpid() else None
-            if entry is not None:
-                self._evict(entry)
+            self._table.pop(path, None)
 
     def held(self) -> int:
         """How many files the table holds open now."""
-        return len(self._table) if self._pid == os.getpid() else 0
+        return len(self._table)
 
-    def _pin(self, path: str, tar_bytes: int, shown: str) -> _Open:
-        if self._pid != os.getpid():  # (forked: the parent's descriptors are not this process's to use)
-            self._drop_inherited()
+    def _entry(self, path: str, tar_bytes: int, shown: str) -> _Open:
+        """``path``'s open file: the one held, else opened now (the least recently read let go)."""
+        entry = self._table.get(path)
+        if entry is not None:
+            try:
+                self._table.move_to_end(path)
+            except KeyError:  # (another thread let it go since: this reader's reference keeps it open)
+                pass
+            return entry
         with self._lock:
             entry = self._table.get(path)
             if entry is None:
                 entry = self._table[path] = _opened(path, tar_bytes, shown)
                 while len(self._table) > self.limit:
-                    self._evict(self._table.popitem(last=False)[1])
-            else:
-                self._table.move_to_end(path)
-            entry.pins += 1
+                    self._table.popitem(last=False)
             return entry
-
-    def _unpin(self, entry: _Open) -> None:
-        with self._lock:
-            entry.pins -= 1
-            if entry.evicted and entry.pins == 0:
-                entry.close()
-
-    def _evict(self, entry: _Open) -> None:
-        """(under the lock) ``entry`` left the table: close it unless a reader holds it."""
-        entry.evicted = True
-        if entry.pins == 0:
-            entry.close()
 
     def _drop_inherited(self) -> None:
         """In a forked child: close this process's copies of the parent's descriptors, start a new table."""
@@ -183,6 +178,20 @@ class ShardFiles:
     def __setstate__(self, state: dict) -> None:
         self.limit = state["limit"]
         self._reset()
+        _TABLES.add(self)
+
+
+#: Every table in this process, for a forked child to drop what it inherited.
+_TABLES: weakref.WeakSet[ShardFiles] = weakref.WeakSet()
+
+
+def _drop_inherited_tables() -> None:
+    for table in list(_TABLES):
+        table._drop_inherited()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_tables)
 
 
 def _opened(path: str, tar_bytes: int, shown: str) -> _Open:
@@ -203,14 +212,13 @@ def _opened(path: str, tar_bytes: int, shown: str) -> _Open:
     return _Open(fd, ident)
 
 
-def _replaced(path: str, opened: Identity) -> bool:
-    """Whether ``path`` now names another file than the one opened (a file
-    unlinked since, such as a cache's evicted copy, is still read whole)."""
+def _stat(path: str, fd: int) -> os.stat_result:
+    """What ``path`` names now; the open file's own when the path is gone (a
+    file unlinked since, such as a cache's evicted copy, is still read whole)."""
     try:
-        st = os.stat(path)
+        return os.stat(path)
     except FileNotFoundError:
-        return False
-    return (st.st_dev, st.st_ino) != (opened.device, opened.inode)
+        return os.fstat(fd)
 
 
 def _change(before: Identity, now: Identity, got: int, wanted: int) -> str:
@@ -218,7 +226,9 @@ def _change(before: Identity, now: Identity, got: int, wanted: int) -> str:
         return f"{got} of {wanted} bytes read; the file has {now.size} bytes, {before.size} when it was opened"
     if now.size != before.size:
         return f"{now.size} bytes now, {before.size} when it was opened"
-    return "its modification time or inode is not the one it had when it was opened"
+    if (now.device, now.inode) != (before.device, before.inode):
+        return "another file was renamed over it twice while it was read"
+    return "its modification time is not the one it had when it was opened"
 
 
 __all__ = ["ShardFiles", "OPEN_FILES", "Identity", "identity"]

@@ -3,8 +3,9 @@ workers and ranks by shard, each worker's place saved for exact resume.
 
     ShardStream(dataset)  ──▶ per epoch: the shard order (shuffled by seed and epoch)
                           ──▶ this worker's shards: order[rank * workers + worker :: world * workers]
-    iter(stream)          ──▶ ShardReader: shard by shard, sample by sample (each read checked as
-                              ShardDataset[i] checks it), the next shards prefetched from a store
+    iter(stream)          ──▶ ShardReader: shard by shard, a run of samples (READ_AHEAD bytes) by one
+                              read, checked as ShardDataset[i] checks it; sample by sample decoded,
+                              transformed and delivered; the next shards prefetched from a store
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from ..sharding import distributed_world, torch_worker_info
 
 if TYPE_CHECKING:
     from ..store import Store
+
+
+#: Bytes of samples a stream reads at once (one pread; their slices are handed out one by one).
+READ_AHEAD = 1 << 20
 
 
 class Shards(Protocol):
@@ -39,6 +44,12 @@ class Shards(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, i: int) -> Any: ...
+
+    def raws(self, shard: int, start: int, stop: int) -> list[dict]: ...  # samples of a shard, read at once
+
+    def run_end(self, shard: int, start: int, max_bytes: int) -> int: ...  # how far a read of max_bytes reaches
+
+    def prepare(self, sample: dict) -> Any: ...  # a raw sample as dataset[i] gives it
 
     def open_shard(self, shard: int) -> str: ...  # the file its samples are read from
 
@@ -77,16 +88,19 @@ class ShardStream(IterableDataset):
 
 class ShardReader:
     """One pass of a ShardStream in one worker: its shards in order, each
-    held open while it is read (from a store: the next ones prefetched). Saves
-    and loads where it stands (``state_dict``), so a resumed stream goes on
-    from the sample after the last one delivered without reading again."""
+    held open while it is read (from a store: the next ones prefetched), by
+    reads of up to ``READ_AHEAD`` bytes of samples at once, each sample
+    decoded and transformed when it is delivered. Saves and loads where it
+    stands (``state_dict``: the samples delivered, not those read ahead), so a
+    resumed stream goes on from the sample after the last one delivered."""
 
     def __init__(self, stream: ShardStream):
         self._stream = stream
         self._shards = stream.shards()
         self._position = 0  # in self._shards
-        self._sample = 0  # in that shard
+        self._sample = 0  # in that shard: the next one to deliver
         self._open: Optional[int] = None
+        self._ahead: list[dict] = []  # read, not yet delivered: samples self._sample on, reversed
 
     def __iter__(self) -> "ShardReader":
         return self
@@ -98,8 +112,11 @@ class ShardReader:
             if self._sample < len(ds.indexes[shard]):
                 if self._open != shard:
                     self._enter(shard)
+                if not self._ahead:
+                    stop = ds.run_end(shard, self._sample, READ_AHEAD)
+                    self._ahead = ds.raws(shard, self._sample, stop)[::-1]
                 self._sample += 1
-                return ds[ds.firsts[shard] + self._sample - 1]
+                return ds.prepare(self._ahead.pop())
             ds.close_shard(shard)
             self._open = None
             self._position, self._sample = self._position + 1, 0
@@ -123,6 +140,7 @@ class ShardReader:
                 f"settings that saved it"
             )
         self._position, self._sample = int(state["position"]), int(state["sample"])
+        self._ahead, self._open = [], None
 
 
 __all__ = ["ShardStream", "ShardReader"]
