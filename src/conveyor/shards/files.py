@@ -3,6 +3,7 @@ checked to be the file that was opened.
 
     read(path, start, end) ──▶ its open file (LRU of ``limit``; opened, checked against the
                                index's tar size, when not held)
+                           ──read-around: the window it lies in asked for once (readaround.py)
                            ──os.pread(end - start bytes at start)──▶ bytes
                            ──stat(path)──▶ the same file (device, inode), of the size and mtime
                                it had at open? and every byte came? (another file renamed
@@ -19,7 +20,9 @@ mtime) between or during reads, a truncation, a shrink: each is a
 ShardError, never a sample of mixed bytes. A file replaced by rename (a
 folder swapped in, a restored copy) is seen by the same ``stat``: the new
 file is opened, checked against the index and read. One ``pread`` and one
-``stat`` per read; a map cost a page fault per page instead
+``stat`` per read, and one ``posix_fadvise`` per window of read-around (the
+bytes around a read that a map's page fault would have read, asked for
+while that pays: readaround.py); a map cost a page fault per page instead
 (bench/shards.py measures both). What no stat can tell: a
 file opened while another program is in the middle of one write to it (the
 write's new mtime came before its bytes) can give that write's bytes; each
@@ -45,6 +48,7 @@ from collections import OrderedDict
 from typing import NamedTuple, Optional
 
 from .errors import VERIFY_HINT, ShardError
+from .readaround import ReadAround, window_of
 
 #: Files one process holds open at most (trade-off: re-opening a shard costs an open+fstat per
 #: eviction; 32 covers a stream's shard per worker thread and a shuffled read's hot set).
@@ -65,14 +69,16 @@ def identity(st: os.stat_result) -> Identity:
 
 
 class _Open:
-    """One open file: its descriptor and identity at open. It owns its
-    descriptor, closed when the last reference to it goes (the table's and
-    every reader's), or by ``close``."""
+    """One open file: its descriptor, identity at open and read-around
+    (its device's window, the windows asked for). It owns its descriptor,
+    closed when the last reference to it goes (the table's and every
+    reader's), or by ``close``."""
 
-    __slots__ = ("fd", "identity")
+    __slots__ = ("fd", "identity", "window", "advised")
 
     def __init__(self, fd: int, ident: Identity):
         self.fd, self.identity = fd, ident
+        self.window, self.advised = window_of(ident.device), set[int]()
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1
@@ -102,6 +108,7 @@ class ShardFiles:
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._table: OrderedDict[str, _Open] = OrderedDict()
+        self._around = ReadAround()
 
     def read(self, path: str, start: int, end: int, tar_bytes: int, name: Optional[str] = None) -> bytes:
         """Bytes ``start`` to ``end`` of ``path``, a shard whose index was made
@@ -112,6 +119,7 @@ class ShardFiles:
         for attempt in range(2):
             entry = self._entry(path, tar_bytes, name or path)
             try:
+                self._around.before_read(entry.fd, entry.advised, entry.window, start, end)
                 data = os.pread(entry.fd, end - start, start)
                 st = _stat(path, entry.fd)
             except OSError as exc:

@@ -1,0 +1,65 @@
+"""Read-around of shard reads (shards/readaround.py): the window a read lies
+in is asked for once per open file, and asking stops once it has not paid
+(misses outnumber hits by GIVE_UP), as a map's read-around does."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conveyor.shards import ShardDataset
+from conveyor.shards import readaround
+from conveyor.shards.readaround import GIVE_UP, ReadAround
+from conveyor.shards.records import open_shard_writer, write_sample
+
+
+@pytest.fixture
+def asked(monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(readaround, "_ADVISE", lambda fd, at, size, how: calls.append((at, size, how)))
+    return calls
+
+
+def test_a_window_is_asked_for_once_and_reads_in_it_are_hits(asked):
+    around, advised = ReadAround(), set()
+    for start in (0, 4096, 100_000, 8192):
+        around.before_read(3, advised, 1 << 20, start, start + 4096)
+    assert asked == [(0, 1 << 20, os.POSIX_FADV_WILLNEED)]
+    assert (around.misses, around.hits) == (1, 3)
+
+
+def test_a_read_across_two_windows_asks_for_both(asked):
+    ReadAround().before_read(3, set(), 1 << 20, (1 << 20) - 10, (1 << 20) + 10)
+    assert [at for at, _, _ in asked] == [0, 1 << 20]
+
+
+def test_read_around_stops_once_it_does_not_pay_and_starts_again_when_it_does(asked):
+    around, advised, window = ReadAround(), set(), 1 << 20
+    for w in range(GIVE_UP * 3):  # (every read in a new window: far larger than memory, random)
+        around.before_read(3, advised, window, w * window, w * window + 10)
+    assert len(asked) == GIVE_UP + 1
+    for _ in range(GIVE_UP * 2):  # (reads fall in the windows read: it pays again)
+        around.before_read(3, advised, window, 0, 10)
+    around.before_read(3, advised, window, 10**9, 10**9 + 10)
+    assert len(asked) == GIVE_UP + 2
+
+
+def test_no_window_asks_nothing(asked):
+    ReadAround().before_read(3, set(), 0, 0, 10)
+    assert asked == []
+
+
+def test_a_device_window_is_its_read_ahead_within_bounds(tmp_path):
+    window = readaround.window_of(os.stat(tmp_path).st_dev)
+    assert 0 < window <= readaround.MAX_WINDOW
+
+
+def test_shard_reads_ask_for_read_around_once_per_window(tmp_path, asked):
+    with open_shard_writer(str(tmp_path / "a.tar")) as tar:
+        for n in range(50):
+            write_sample(tar, f"k{n:03d}", [("bin", bytes([n]) * 3000)])
+    dataset = ShardDataset(tmp_path)
+    assert [dataset[i]["bin"][0] for i in reversed(range(50))] == list(reversed(range(50)))
+    window = readaround.window_of(os.stat(tmp_path / "a.tar").st_dev)
+    assert len(asked) == -(-os.path.getsize(tmp_path / "a.tar") // window)
