@@ -6,6 +6,9 @@ purpose. A plain module (bench/store.py imports it too).
     store.latency_s = 0.02                   # every request waits this long
     store.fail = lambda method, path, n: n % 3 == 0   # which requests get a 503
     store.drop = lambda method, path, n: n == 2       # which answers stop halfway (the socket closed)
+    store.cut = lambda method, path, n: 100           # which GET bodies lie, and by how many bytes (below)
+    store.garble = lambda method, path, n: n == 2     # which GET bodies have a byte changed (same length)
+    store.unframed = True                             # a lying body without Content-Length (ends at close)
     Store("s3://bucket", storage_options=store.options())   # conveyor.Store through the proxy
     store.stop()
 """
@@ -13,6 +16,7 @@ purpose. A plain module (bench/store.py imports it too).
 from __future__ import annotations
 
 import http.client
+import re
 import http.server
 import threading
 import time
@@ -21,6 +25,8 @@ from typing import Callable, Optional
 BUCKET = "data"
 #: The status recorded for an answer the proxy cut off halfway.
 DROPPED = "dropped"
+#: The statuses recorded for a body the proxy made shorter or longer, or changed, and sent as whole.
+CUT, GARBLED = "cut", "garbled"
 _UNAVAILABLE = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
     b"<Message>injected by the test</Message></Error>"
@@ -36,6 +42,14 @@ class ObjectStore:
         self.fail: Optional[Callable[[str, str, int], bool]] = None
         #: (method, path, request number) -> whether to send half the answer, then close the connection.
         self.drop: Optional[Callable[[str, str, int], bool]] = None
+        #: (method, path, request number) -> k: send a GET's body less its last k bytes (k > 0), or with -k
+        #: bytes more (k < 0), as if it were the whole answer: Content-Length and Content-Range say so, and
+        #: the checksum headers are left out, so that the client has nothing to tell it from a true answer.
+        self.cut: Optional[Callable[[str, str, int], int]] = None
+        #: (method, path, request number) -> whether to send a GET's body with its middle byte changed.
+        self.garble: Optional[Callable[[str, str, int], bool]] = None
+        #: Whether a lying body goes without Content-Length (HTTP/1.1: the body ends when the socket closes).
+        self.unframed = False
         self.requests: list = []  # (method, path, status)
         self._lock = threading.Lock()
 
@@ -115,16 +129,47 @@ def _handler(store: ObjectStore):
             if store.drop is not None and store.drop(self.command, self.path, number) and len(data) > 1:
                 self._cut_off(response, data)
                 return
-            store.record(self.command, self.path, response.status)
+            headers = [(k, v) for k, v in response.getheaders() if k.lower() not in ("transfer-encoding", "connection")]
+            lie = None
+            if self.command == "GET" and response.status in (200, 206):
+                headers, data, lie = self._lie(headers, data, number)
+            store.record(self.command, self.path, lie or response.status)
             self.send_response(response.status)
-            for key, value in response.getheaders():
-                if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+            for key, value in headers:
+                if key.lower() != "content-length":
                     self.send_header(key, value)
             length = response.getheader("Content-Length") if self.command == "HEAD" else None
-            self.send_header("Content-Length", length if length is not None else str(len(data)))
+            if lie is not None and store.unframed:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            else:
+                self.send_header("Content-Length", length if length is not None else str(len(data)))
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
+
+        def _lie(self, headers: list, data: bytes, number: int) -> tuple[list, bytes, Optional[str]]:
+            """(headers, body, CUT or GARBLED or None) of a GET's answer as ``store.cut`` and ``store.garble`` want."""
+            k = (store.cut(self.command, self.path, number) if store.cut is not None else 0) or 0
+            garble = bool(data) and store.garble is not None and store.garble(self.command, self.path, number)
+            if not k and not garble:
+                return headers, data, None
+            if k > 0:
+                data = data[: max(0, len(data) - k)]
+            elif k < 0:
+                data = data + bytes(range(256)) * (-k // 256) + bytes(range(-k % 256))
+            if garble:
+                middle = len(data) // 2
+                data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
+            kept = []
+            for key, value in headers:
+                if key.lower().startswith("x-amz-checksum-"):
+                    continue  # (a checksum of the true body would give the lie away)
+                if key.lower() == "content-range" and k:
+                    first, total = re.fullmatch(r"bytes (\d+)-\d+/(\S+)", value).groups()
+                    value = f"bytes {first}-{int(first) + len(data) - 1}/{total}"
+                kept.append((key, value))
+            return kept, data, CUT if k else GARBLED
 
         def _cut_off(self, response, data: bytes) -> None:
             """Announce the whole body, send half of it, and close the socket."""

@@ -2,7 +2,9 @@
 
 A request to a store fails in one of two ways. Either it got no complete
 answer (a connection refused or dropped, a timeout, a body cut short):
-always worth another try. Or the store answered with an error: worth
+always worth another try, as is an answer that seemed whole but is not
+the object (``_whole.WrongBytes``, an ``OSError``: fewer or more bytes than
+its size, or another MD5). Or the store answered with an error: worth
 another try only when the store says it failed or is busy (HTTP 5xx, 429,
 408, or a throttling code), never for a missing object or a refused
 permission (404, 403), which no retry mends.

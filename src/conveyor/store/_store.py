@@ -11,6 +11,7 @@ from typing import Any, BinaryIO, Callable, Optional, Sequence
 from conveyor.store._cache import Cache, default_cache_dir, make_private
 from conveyor.store._download import Copied, copy_object
 from conveyor.store._retry import retry
+from conveyor.store._whole import Read
 
 #: What ``verify_cached`` may be: how a cached copy this process did not write is checked before use.
 _VERIFY = ("hash", "size")
@@ -96,9 +97,11 @@ class Store:
         return retry(what, action, retries=self.retries, backoff_s=self.backoff_s, progress=progress)
 
     def read(self, path: str, start: Optional[int] = None, end: Optional[int] = None) -> bytes:
-        """Object ``path`` (relative to the store's folder), or its bytes ``start`` to ``end``."""
+        """Object ``path`` (relative to the store's folder), or its bytes ``start``
+        to ``end``: all of them, checked against the object's listing (store/_whole.py)."""
         url = self.url(path)
-        return self.retry(f"reading {self.protocol}://{url}", lambda: self.fs.cat_file(url, start=start, end=end))
+        source = f"{self.protocol}://{url}"
+        return self.retry(f"reading {source}", Read(self.fs, url, source, start, end).attempt)
 
     def list(self, prefix: str = "") -> list[str]:
         """Every object under ``prefix``, relative to the store's folder, sorted."""
@@ -145,7 +148,7 @@ class Store:
             def retrying(attempt: Callable[[], None], progress: Callable[[], int]) -> None:
                 self.retry(f"fetching {source}", attempt, progress)
 
-            return copy_object(self.fs, url, into, info, chunk_bytes=self.chunk_bytes, retry=retrying)
+            return copy_object(self.fs, url, source, into, info, chunk_bytes=self.chunk_bytes, retry=retrying)
 
         return cache.add(source, fill)
 
