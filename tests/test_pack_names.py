@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conveyor.cli import main as cli
+from conveyor.cli.pack import verify
 from conveyor.shards import ShardDataset
 
 wds = pytest.importorskip("webdataset")
@@ -111,6 +112,7 @@ def assert_reads_back(src: bytes, out: str) -> None:
     expected = promised(src)
     assert ours == expected
     assert theirs == expected
+    assert verify(out) == []  # (and --verify, which reads every tar's headers anew, agrees)
 
 
 # ------------------------------------------------------------ one name at a time
