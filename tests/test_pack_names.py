@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import tempfile
 
 import pytest
@@ -67,7 +66,7 @@ def promised(root: bytes) -> dict[tuple[str, str], bytes]:
         assert os.path.isdir(folder), f"{folder!r} is no class folder, yet the folder packed"
         for name in sorted(os.listdir(folder)):
             path = os.path.join(folder, name)
-            assert stat.S_ISREG(os.stat(path).st_mode), f"{path!r} is no file, yet the folder packed"
+            assert os.path.isfile(path), f"{path!r} is no regular file (a folder, a link to nothing...), yet it packed"
             field = os.path.splitext(name)[1].lower().lstrip(".") or "bin"
             assert field != "cls" and not field.startswith("__"), f"{path!r} would clash, yet the folder packed"
             with open(path, "rb") as f:
