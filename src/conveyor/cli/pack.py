@@ -54,6 +54,13 @@ Links: a file or class folder of SRC that is a symbolic link leading out of
 SRC is skipped, and listed, unless --follow-links is given. A link that
 stays inside SRC is packed as the file it leads to.
 
+Names: a file's extension (lowercased; "bin" without one) is its field
+and its sample's number its key, so no other part of its name reaches a
+tar. What cannot be stored exactly is refused, before any shard is
+written, with one line naming it: an extension "cls", beginning with "__",
+over 60 bytes or not UTF-8; a file directly in SRC; a folder inside a class
+folder; a link to nothing or a loop of links; a FIFO, socket or device.
+
 Images: --max-side N stores each image larger than N pixels on its longer
 side as a JPEG at most N on a side (quality --quality, default 90), under
 "jpg"; smaller ones and other members are kept as they are; --keep-original

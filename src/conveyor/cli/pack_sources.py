@@ -17,6 +17,7 @@ from typing import Any
 
 from ..shards.records import encode_sample
 from .factory import load_factory
+from .pack_names import LABEL_FIELD, entry_problem, fields_problem, folder_field, shown
 
 
 class PackError(Exception):
@@ -31,14 +32,17 @@ class PackFailed(PackError):
 class FolderSource:
     """``root/<class>/<file>``: sample ``i`` is the file's bytes under its
     extension, and its class number as ``cls``. Links leading out of
-    ``root`` are left out (listed in ``skipped``) unless ``follow_links``."""
+    ``root`` are left out (listed in ``skipped``) unless ``follow_links``;
+    any other entry that cannot pack (pack_names.py) is a PackError naming it."""
 
     def __init__(self, root: str, follow_links: bool = False):
         self._inside, self._follow = os.path.realpath(root), follow_links
         self._root = root
         #: Links left out: "cat/key.pem -> /home/me/.ssh/id_rsa".
         self.skipped: list[str] = []
-        folders = [entry for entry in _sorted_entries(root) if entry.is_dir() and self._admitted(entry, root, False)]
+        folders = [entry for entry in _sorted_entries(root) if self._admitted(entry, root, False)]
+        for entry in folders:
+            _refuse(entry, False)
         self.classes = [entry.name for entry in folders]
         if not self.classes:
             raise PackError(f"{root} has no class folders; expected {root}/<class>/<file>")
@@ -47,9 +51,10 @@ class FolderSource:
         for label, folder in enumerate(folders):
             linked = folder.is_symlink()
             for entry in _sorted_entries(folder.path):
-                if entry.is_file() and self._admitted(entry, root, linked):
+                if self._admitted(entry, root, linked):
+                    _refuse(entry, True)
                     path = os.path.realpath(entry.path) if linked or entry.is_symlink() else entry.path
-                    self.files.append((path, label, os.path.splitext(entry.name)[1].lower().lstrip(".") or "bin"))
+                    self.files.append((path, label, folder_field(entry.name)))
         if not self.files:
             raise PackError(f"no files under {root}/<class>/")
         self.description = f"folder {os.path.abspath(root)}"
@@ -73,7 +78,7 @@ class FolderSource:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         with os.fdopen(fd, "rb") as f:
             data = f.read()
-        return [(ext, data), ("cls", str(label).encode())]
+        return [(ext, data), (LABEL_FIELD, str(label).encode())]
 
     def sizes(self, i: int) -> list[int]:
         path, label, _ = self.files[i]
@@ -85,6 +90,13 @@ class FolderSource:
         path, label, _ = self.files[i]
         st = os.stat(path)
         return {"file": os.path.relpath(path, self._root), "cls": label, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _refuse(entry: os.DirEntry, in_class: bool) -> None:
+    """A PackError naming ``entry`` unless it can pack (pack_names.py)."""
+    problem = entry_problem(entry, in_class)
+    if problem is not None:
+        raise PackError(f"{shown(entry.path)}: {problem}")
 
 
 def _sorted_entries(folder: str) -> list[os.DirEntry]:
@@ -108,7 +120,16 @@ class DatasetSource:
         return len(self.dataset)
 
     def members(self, i: int) -> list[tuple[str, bytes]]:
-        return encode_sample(self.dataset[i])
+        """Sample ``i`` encoded; a field or value that cannot be stored is a PackError naming the sample."""
+        sample = self.dataset[i]
+        try:
+            members = encode_sample(sample)
+        except (TypeError, ValueError) as exc:
+            raise PackError(f"sample {i} of {self.description}: {exc}") from None
+        problem = fields_problem([field for field, _ in members])
+        if problem is not None:
+            raise PackError(f"sample {i} of {self.description}: {problem}")
+        return members
 
     def sizes(self, i: int) -> list[int]:
         return [len(data) for _, data in self.members(i)]
@@ -134,7 +155,7 @@ class ReencodedSource:
     def members(self, i: int) -> list[tuple[str, bytes]]:
         try:
             return self.reencode.members(self.source.members(i))
-        except OSError:
+        except (OSError, PackError):
             raise
         except Exception as exc:  # (Pillow's errors for a damaged image)
             raise PackFailed(f"cannot re-encode the image of sample {i}: {type(exc).__name__}: {exc}") from None
