@@ -150,6 +150,21 @@ def describe_leftovers(found: dict[str, list[str]]) -> str:
 
 # ------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="session")
+def server():
+    """One S3-compatible server on 127.0.0.1 (moto behind tests/object_store.py's
+    fault-injecting proxy) for every store test; each test file resets the
+    faults it sets."""
+    import fsspec.asyn
+
+    from object_store import ObjectStore
+
+    fsspec.asyn.get_loop()  # (its IO thread, before any test looks at what it left)
+    store = ObjectStore.start()
+    yield store
+    store.stop()
+
+
+@pytest.fixture(scope="session")
 def multiprocessing_servers():
     """Start multiprocessing's forkserver and resource tracker, and
     conveyor's process starter, before the first snapshot: they live for

@@ -21,7 +21,7 @@ import conveyor  # noqa: E402
 from conveyor.cli import main as cli  # noqa: E402
 from conveyor.shards import ShardDataset  # noqa: E402
 from conveyor.store import Store, StoreFiles  # noqa: E402
-from object_store import BUCKET, DROPPED, ObjectStore  # noqa: E402
+from object_store import BUCKET, DROPPED  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -30,16 +30,6 @@ pytestmark = [
     # for the life of a process: an IO thread and pooled connections. Still checked and reported.
     pytest.mark.leaks_known("fsspec/s3fs keep an IO thread and pooled connections for the life of the process"),
 ]
-
-
-@pytest.fixture(scope="module")
-def server():
-    import fsspec.asyn
-
-    fsspec.asyn.get_loop()  # (its IO thread, before any test looks at what it left)
-    store = ObjectStore.start()
-    yield store
-    store.stop()
 
 
 @pytest.fixture

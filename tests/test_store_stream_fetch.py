@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-from object_store import BUCKET, GARBLED, ObjectStore  # noqa: E402
+from object_store import BUCKET, GARBLED  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -47,13 +47,6 @@ before = peak()
 local = store.fetch("big.bin")
 print(json.dumps({"grown": peak() - before, "local": local}))
 """ % BUCKET
-
-
-@pytest.fixture(scope="module")
-def server():
-    store = ObjectStore.start()
-    yield store
-    store.stop()
 
 
 def test_a_fetch_streams_to_disk_and_is_checked_against_the_md5_before_it_is_handed_out(server, tmp_path):

@@ -18,7 +18,7 @@ pytest.importorskip("moto")
 from conveyor.cli import main as cli  # noqa: E402
 from conveyor.shards import ShardDataset  # noqa: E402
 from conveyor.store import Store, worth_retrying  # noqa: E402
-from object_store import BUCKET, CUT, GARBLED, ObjectStore  # noqa: E402
+from object_store import BUCKET, CUT, GARBLED  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -26,16 +26,6 @@ pytestmark = [
 ]
 
 SIZE = 300_000
-
-
-@pytest.fixture(scope="module")
-def server():
-    import fsspec.asyn
-
-    fsspec.asyn.get_loop()  # (its IO thread, before any test looks at what it left)
-    store = ObjectStore.start()
-    yield store
-    store.stop()
 
 
 @pytest.fixture
