@@ -63,3 +63,21 @@ def test_a_shard_cut_short_before_it_is_opened_names_its_size(tmp_path):
     os.truncate(tmp_path / "a.tar", 4096)
     with pytest.raises(ShardError, match=r"a\.tar: 4096 bytes now"):
         dataset[0]
+
+
+@pytest.mark.parametrize("linked", [False, True])
+def test_a_file_renamed_over_a_held_shard_is_read_instead(tmp_path, monkeypatch, linked):
+    import conveyor.shards.files as files
+
+    if linked:  # (the file opened keeps a link elsewhere: only a look at the path tells, here at every read)
+        monkeypatch.setattr(files, "PATH_CHECK_S", 0.0)
+    else:  # (its link count tells at once)
+        monkeypatch.setattr(files, "PATH_CHECK_S", 3600.0)
+    write(tmp_path / "a.tar", 0)
+    dataset = ShardDataset(tmp_path)
+    assert dataset[0]["bin"] == bytes([0]) * 3000
+    if linked:
+        os.link(tmp_path / "a.tar", tmp_path / "kept.tar.old")
+    write(tmp_path / "a.tar.new", 50)
+    os.replace(tmp_path / "a.tar.new", tmp_path / "a.tar")
+    assert dataset[1]["bin"] == bytes([51]) * 3000

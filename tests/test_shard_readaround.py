@@ -45,6 +45,31 @@ def test_read_around_stops_once_it_does_not_pay_and_starts_again_when_it_does(as
     assert len(asked) == GIVE_UP + 2
 
 
+def test_a_read_in_sequence_asks_for_the_window_after_too(asked):
+    around, advised, window = ReadAround(), set(), 1 << 20
+    around.before_read(3, advised, window, 0, 4096, sequential=True)
+    around.before_read(3, advised, window, 4096, window, sequential=True)  # (its windows: asked for already)
+    around.before_read(3, advised, window, window, window + 4096, sequential=True)
+    assert [at for at, _, _ in asked] == [0, window, 2 * window]
+
+
+def test_a_stream_asks_for_each_window_before_it_reads_in_it(tmp_path, asked, monkeypatch):
+    monkeypatch.setattr(readaround, "_windows", {os.stat(tmp_path).st_dev: 64 << 10})
+    with open_shard_writer(str(tmp_path / "a.tar")) as tar:
+        for n in range(200):
+            write_sample(tar, f"k{n:03d}", [("bin", bytes([n % 256]) * 3000)])
+    reads: list = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, size, at: reads.append((at, len(asked))) or real(fd, size, at))
+    monkeypatch.setattr("conveyor.shards.stream.READ_AHEAD", 16 << 10)
+    assert [s["bin"][0] for s in ShardDataset(tmp_path).stream()] == [n % 256 for n in range(200)]
+    window = 64 << 10
+    for at, windows_asked in reads:  # (before each read: the window it lies in and the next one asked for)
+        assert windows_asked >= at // window + 2 or windows_asked == len(asked), (at, windows_asked)
+    data_end = 200 * (512 + 3072)  # (each sample: a header and its bytes padded to 512; the tar's end after)
+    assert [at for at, _, _ in asked] == [w * window for w in range((data_end - 1) // window + 2)]
+
+
 def test_no_window_asks_nothing(asked):
     ReadAround().before_read(3, set(), 0, 0, 10)
     assert asked == []

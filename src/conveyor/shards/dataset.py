@@ -190,12 +190,16 @@ class ShardDataset:
         it) as ``raw`` gives each, by one read of all their bytes, checked
         as ``raw`` checks them."""
         index = self.indexes[shard]
-        first, last = index.starts.item(start), index.starts.item(stop)
-        if self.store is not None and (self._pid != os.getpid() or shard not in self._local):
-            base, data = self._read_range(self.store, shard, start, first, last)
-        else:
-            base, data = self._read_file(shard, first, last)
         exts, ext_ids, offsets, sizes, starts = index.exts, index.ext_ids, index.offsets, index.sizes, index.starts
+        first, last = starts.item(start), starts.item(stop)
+        if first == last:  # (no members: nothing to read)
+            base, data = 0, b""
+        else:  # (from the first member's header to the last member's last byte)
+            base, end = offsets.item(first) - BLOCK, offsets.item(last - 1) + sizes.item(last - 1)
+            if self.store is not None and (self._pid != os.getpid() or shard not in self._local):
+                data = self._read_range(self.store, shard, start, base, end)
+            else:
+                data = self._read_file(shard, base, end)
         samples = []
         for s in range(start, stop):
             key = index.keys.item(s)
@@ -231,31 +235,21 @@ class ShardDataset:
             sample = {ext: value if ext == "__key__" else decode_member(ext, value) for ext, value in sample.items()}
         return self.transform(sample) if self.transform is not None else sample
 
-    def _read_file(self, shard: int, first: int, stop: int) -> tuple[int, bytes]:
-        """(where it begins in the tar, the bytes): members ``first`` to ``stop`` by one pread of the file."""
-        if first == stop:
-            return 0, b""
+    def _read_file(self, shard: int, base: int, end: int) -> bytes:
+        """Bytes ``base`` to ``end`` of shard ``shard`` by one pread of its file (or its local copy)."""
         index = self.indexes[shard]
-        base = index.offsets.item(first) - BLOCK
-        end = index.offsets.item(stop - 1) + index.sizes.item(stop - 1)
         if self.store is None:
-            return base, self._files.read(self.paths[shard], base, end, index.tar_bytes)
+            return self._files.read(self.paths[shard], base, end, index.tar_bytes)
         name = getattr(self.store, "url", str)(self.paths[shard])
         try:
-            return base, self._files.read(self.open_shard(shard), base, end, index.tar_bytes, name)
+            return self._files.read(self.open_shard(shard), base, end, index.tar_bytes, name)
         except FileNotFoundError:
             # Another worker's fetch may evict the cached copy between our fetch and open: fetch it again.
             self._local.pop(shard, None)
-            return base, self._files.read(self.open_shard(shard), base, end, index.tar_bytes, name)
+            return self._files.read(self.open_shard(shard), base, end, index.tar_bytes, name)
 
-    def _read_range(self, store: Store, shard: int, s: int, first: int, stop: int) -> tuple[int, bytes]:
-        """(where it begins in the tar, the bytes): members ``first`` to ``stop`` (sample ``s``'s first header
-        on), by one ranged read."""
-        if first == stop:
-            return 0, b""
-        index = self.indexes[shard]
-        base = index.offsets.item(first) - BLOCK
-        end = index.offsets.item(stop - 1) + index.sizes.item(stop - 1)
+    def _read_range(self, store: Store, shard: int, s: int, base: int, end: int) -> bytes:
+        """Bytes ``base`` to ``end`` of shard ``shard`` (sample ``s``'s first header on), by one ranged read."""
         data = store.read(self.paths[shard], base, end)
         if len(data) != end - base:
             raise ShardError(
@@ -263,7 +257,7 @@ class ShardDataset:
                 f"bytes ({base} to {end}); the object is shorter than its index says (changed or cut short). "
                 f"Restore it or pack and upload again ({VERIFY_HINT})"
             )
-        return base, data
+        return data
 
     def __getitem__(self, i: int) -> Any:
         return self.prepare(self.raw(i))

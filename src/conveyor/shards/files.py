@@ -5,25 +5,29 @@ checked to be the file that was opened.
                                index's tar size, when not held)
                            ──read-around: the window it lies in asked for once (readaround.py)
                            ──os.pread(end - start bytes at start)──▶ bytes
-                           ──stat(path)──▶ the same file (device, inode), of the size and mtime
-                               it had at open? and every byte came? (another file renamed
-                               over the path: let go, the new one opened and read instead)
+                           ──fstat──▶ the file of the size and mtime it had at open? and
+                               every byte came?
+                           ──stat(path), when the file has no link left (or once a second)──▶
+                               another file renamed over the path? (let go, the new one
+                               opened and read)
                            ──▶ the bytes, or a ShardError naming the shard (its file is let go:
                                the next read opens it anew)
 
 Why ``pread`` and not memory maps: a map's pages vanish when its file is
 cut short under it, and touching them is a SIGBUS that kills the
 interpreter (and every thread in it); a read returns what is there, and
-its byte count and a ``stat`` of the path after it say whether that is
-the file and the bytes the index was made for. A rewrite in place (a new
-mtime) between or during reads, a truncation, a shrink: each is a
-ShardError, never a sample of mixed bytes. A file replaced by rename (a
-folder swapped in, a restored copy) is seen by the same ``stat``: the new
-file is opened, checked against the index and read. One ``pread`` and one
-``stat`` per read, and one ``posix_fadvise`` per window of read-around (the
-bytes around a read that a map's page fault would have read, asked for
-while that pays: readaround.py); a map cost a page fault per page instead
-(bench/shards.py measures both). What no stat can tell: a
+its byte count and an ``fstat`` after it say whether those are the bytes
+of the file the index was made for. A rewrite in place (a new mtime)
+between or during reads, a truncation, a shrink: each is a ShardError,
+never a sample of mixed bytes. A file replaced by rename (a folder swapped
+in, a restored copy) leaves the file opened without a link: the same
+``fstat`` shows it, the path is looked up and the new file opened, checked
+against the index and read (a file with other hard links is looked for
+every ``PATH_CHECK_S``). One ``pread`` and one
+``fstat`` per read, and one ``posix_fadvise`` per window of read-around
+(the bytes around a read that a map's page fault would have read, asked
+for while that pays: readaround.py); a map cost a page fault per page
+instead (bench/shards.py measures both). What no stat can tell: a
 file opened while another program is in the middle of one write to it (the
 write's new mtime came before its bytes) can give that write's bytes; each
 member's tar header is still checked, and ``conveyor pack --verify`` hashes
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from typing import NamedTuple, Optional
@@ -53,6 +58,16 @@ from .readaround import ReadAround, window_of
 #: Files one process holds open at most (trade-off: re-opening a shard costs an open+fstat per
 #: eviction; 32 covers a stream's shard per worker thread and a shuffled read's hot set).
 OPEN_FILES = 32
+
+
+#: A read that starts at most this many bytes after the file's last read ended is in sequence
+#: (a stream's next run: the tar's padding between a member's end and the next header lies between).
+IN_SEQUENCE = 4096
+
+
+#: Seconds between looks at whether a held file's path names another file now (renamed over a file
+#: that keeps other hard links; one renamed over without them is seen at once by its link count).
+PATH_CHECK_S = 1.0
 
 
 class Identity(NamedTuple):
@@ -70,15 +85,17 @@ def identity(st: os.stat_result) -> Identity:
 
 class _Open:
     """One open file: its descriptor, identity at open and read-around
-    (its device's window, the windows asked for). It owns its descriptor,
+    (its device's window, the windows asked for, where its last read ended). It owns its descriptor,
     closed when the last reference to it goes (the table's and every
     reader's), or by ``close``."""
 
-    __slots__ = ("fd", "identity", "window", "advised")
+    __slots__ = ("fd", "identity", "window", "advised", "last_end", "path_due")
 
     def __init__(self, fd: int, ident: Identity):
         self.fd, self.identity = fd, ident
         self.window, self.advised = window_of(ident.device), set[int]()
+        self.last_end = -1  # (where the last read of it ended: a read from there on is in sequence)
+        self.path_due = time.monotonic() + PATH_CHECK_S  # (when to look whether the path names another file)
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1
@@ -115,34 +132,36 @@ class ShardFiles:
         for ``tar_bytes`` bytes; a ShardError (naming ``name`` or ``path``)
         when the file is not that size, changed since it was opened, or gave
         fewer bytes. A file renamed over ``path`` since it was opened is
-        opened and read instead."""
-        for attempt in range(2):
-            entry = self._entry(path, tar_bytes, name or path)
-            try:
-                self._around.before_read(entry.fd, entry.advised, entry.window, start, end)
-                data = os.pread(entry.fd, end - start, start)
-                st = _stat(path, entry.fd)
-            except OSError as exc:
-                del entry  # (closed with the table's reference, not kept by this frame's traceback)
-                self.forget(path)
-                raise ShardError(
-                    f"{name or path}: cannot be read ({exc.strerror or exc}); restore it ({VERIFY_HINT})"
-                ) from exc
-            opened = entry.identity
-            del entry
-            if st.st_ino != opened.inode or st.st_dev != opened.device:
-                self.forget(path)  # (renamed over: the new file is opened, checked and read)
-                if attempt == 0:
-                    continue
-            elif len(data) == end - start and st.st_size == opened.size and st.st_mtime_ns == opened.mtime_ns:
-                return data
+        opened and read instead (seen by the opened file's link count, and
+        by a look at the path every ``PATH_CHECK_S``)."""
+        entry = self._entry(path, tar_bytes, name or path)
+        try:
+            if entry.window:
+                self._around.before_read(entry.fd, entry.advised, entry.window, start, end,
+                                         0 <= start - entry.last_end <= IN_SEQUENCE)  # fmt: skip
+            entry.last_end = end
+            data = os.pread(entry.fd, end - start, start)
+            st = os.fstat(entry.fd)
+            now = time.monotonic()  # (a file renamed over has no link left; a hard-linked one is looked for in time)
+            renamed = (st.st_nlink == 0 or now >= entry.path_due) and _renamed_over(path, entry, now)
+        except OSError as exc:
+            del entry  # (closed with the table's reference, not kept by this frame's traceback)
             self.forget(path)
-            raise ShardError(
-                f"{name or path}: changed while it was read ({_change(opened, identity(st), len(data), end - start)}):"
-                f" another program rewrote, truncated or replaced it; restore the shard (the next read opens it "
-                f"anew) or pack again ({VERIFY_HINT})"
-            )
-        raise AssertionError("unreachable")
+            raise ShardError(f"{name or path}: cannot be read ({exc.strerror or exc}); restore it ({VERIFY_HINT})") from exc
+        opened = entry.identity
+        if len(data) == end - start and st.st_size == opened.size and st.st_mtime_ns == opened.mtime_ns:
+            if not renamed:
+                return data
+            del entry
+            self.forget(path)  # (renamed over: the new file is opened, checked and read)
+            return self.read(path, start, end, tar_bytes, name)
+        del entry
+        self.forget(path)
+        raise ShardError(
+            f"{name or path}: changed while it was read ({_change(opened, identity(st), len(data), end - start)}): "
+            f"another program rewrote, truncated or replaced it; restore the shard (the next read opens it anew) or "
+            f"pack again ({VERIFY_HINT})"
+        )
 
     def forget(self, path: str) -> None:
         """Let go of ``path``'s open file (closed now, or by its last reader)."""
@@ -220,13 +239,16 @@ def _opened(path: str, tar_bytes: int, shown: str) -> _Open:
     return _Open(fd, ident)
 
 
-def _stat(path: str, fd: int) -> os.stat_result:
-    """What ``path`` names now; the open file's own when the path is gone (a
-    file unlinked since, such as a cache's evicted copy, is still read whole)."""
+def _renamed_over(path: str, entry: _Open, now: float) -> bool:
+    """Whether ``path`` names another file than the one ``entry`` opened (a
+    path that is gone does not: a file unlinked since, such as a cache's
+    evicted copy, is still read whole). Not asked again for PATH_CHECK_S."""
+    entry.path_due = now + PATH_CHECK_S
     try:
-        return os.stat(path)
+        st = os.stat(path)
     except FileNotFoundError:
-        return os.fstat(fd)
+        return False
+    return (st.st_dev, st.st_ino) != (entry.identity.device, entry.identity.inode)
 
 
 def _change(before: Identity, now: Identity, got: int, wanted: int) -> str:
@@ -234,8 +256,6 @@ def _change(before: Identity, now: Identity, got: int, wanted: int) -> str:
         return f"{got} of {wanted} bytes read; the file has {now.size} bytes, {before.size} when it was opened"
     if now.size != before.size:
         return f"{now.size} bytes now, {before.size} when it was opened"
-    if (now.device, now.inode) != (before.device, before.inode):
-        return "another file was renamed over it twice while it was read"
     return "its modification time is not the one it had when it was opened"
 
 

@@ -6,13 +6,19 @@ kernel, asked for explicitly.
         next ones in the window find their bytes there
     window = the read-ahead of the file's device (/sys/class/bdi/MAJ:MIN/read_ahead_kb,
         as a map's fault uses; 128 KB when it cannot be read), at most MAX_WINDOW
+    a read that starts where the file's last read ended (a stream, files.py's IN_SEQUENCE) ──▶ the next window
+        asked for too, so that its bytes come in while this window's are used
 
 A ``pread`` at a random offset reads only the pages asked for: the kernel
 sees no sequence to read ahead for. A map's fault reads a window around the
 page (read-around), which, over a shard whose samples are all read, is what
 makes a first shuffled pass fast. Read-around pays only when other reads
 fall in the windows read: over a data set far larger than memory, read in a
-random order, it multiplies the bytes read. So the table keeps count, as the
+random order, it multiplies the bytes read. A read-around asked for by
+``posix_fadvise`` leaves no mark for the kernel's own read-ahead, so reads
+in sequence (a stream) would wait for each window in turn: for them the
+window after is asked for as the read enters one, as the kernel's
+asynchronous read-ahead does for a map read in order. So the table keeps count, as the
 kernel does for a map: windows asked for (misses) against reads that fell
 in a window already asked for (hits); once misses outnumber hits by
 ``GIVE_UP`` it stops asking, and asks again if hits catch up.
@@ -65,11 +71,12 @@ class ReadAround:
         self.misses = 0
         self.hits = 0
 
-    def before_read(self, fd: int, advised: set[int], window: int, start: int, end: int) -> None:
-        """Ask for the windows ``start`` to ``end`` of ``fd`` lies in, unless asked before (``advised``)."""
+    def before_read(self, fd: int, advised: set[int], window: int, start: int, end: int, sequential: bool = False) -> None:
+        """Ask for the windows ``start`` to ``end`` of ``fd`` lies in, and the one after when the read
+        is ``sequential`` (it starts where the last one ended), unless asked before (``advised``)."""
         if window == 0:
             return
-        first, last = start // window, (end - 1) // window
+        first, last = start // window, (end - 1) // window + (1 if sequential else 0)
         if first in advised and last in advised:
             self.hits += 1
             return
