@@ -17,7 +17,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m conveyor.cli demo
 
+# The lint and format check first (seconds; [tool.ruff] in pyproject.toml), then the suite.
+LINTED := src tests bench examples
+
 test: $(STAMP)
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m pytest -q
 
 # The suite under coverage.py, workers included (see [tool.coverage.run] in

@@ -72,9 +72,21 @@ def run(args: argparse.Namespace) -> dict:
         with open(script, "w") as f:
             f.write(RANK_SCRIPT.format(bench=bench))
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(_free_port()), script, str(args.rounds), str(args.batches), str(args.num_workers), out,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+            script,
+            str(args.rounds),
+            str(args.batches),
+            str(args.num_workers),
+            out,
+        ]
         env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
         subprocess.run(command, env=env, check=True, capture_output=True, text=True, timeout=1200)
         ranks = [json.load(open(os.path.join(out, f"rank-{rank}.json"))) for rank in range(2)]
@@ -82,14 +94,25 @@ def run(args: argparse.Namespace) -> dict:
     for rank, rates in enumerate(ranks):
         conveyor, torch = statistics.median(rates["conveyor"]), statistics.median(rates["torch"])
         paired = statistics.median(a / b for a, b in zip(rates["conveyor"], rates["torch"]))
-        per_rank.append({
-            "rank": rank, "conveyor": round(conveyor, 1), "torch": round(torch, 1), "ratio": round(conveyor / torch, 3),
-            "paired_ratio": round(paired, 3), "samples": {k: [round(v, 1) for v in vs] for k, vs in rates.items()},
-        })  # fmt: skip
+        per_rank.append(
+            {
+                "rank": rank,
+                "conveyor": round(conveyor, 1),
+                "torch": round(torch, 1),
+                "ratio": round(conveyor / torch, 3),
+                "paired_ratio": round(paired, 3),
+                "samples": {k: [round(v, 1) for v in vs] for k, vs in rates.items()},
+            }
+        )
     return {
         "benchmark": "distributed",
         "unit": "batches per second per rank (32 ints a batch, an all-reduce after each)",
-        "config": {"ranks": 2, "num_workers": args.num_workers, "batches_per_rank": args.batches, "rounds": args.rounds},
+        "config": {
+            "ranks": 2,
+            "num_workers": args.num_workers,
+            "batches_per_rank": args.batches,
+            "rounds": args.rounds,
+        },
         "ranks": per_rank,
     }
 

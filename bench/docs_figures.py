@@ -74,7 +74,9 @@ class Figures:
             raise KeyError(f"no {IMAGE_RESULTS.name} to take images:{name} from (run bench/images.py)")
         if source == "ray" and self.ray_results is None:
             raise KeyError(f"no {RAY_RESULTS.name} to take ray:{name} from (run bench/ray_workers.py)")
-        source_data = {"bench": self.results, "repo": self.root, "images": self.image_results, "ray": self.ray_results}[source]
+        source_data = {"bench": self.results, "repo": self.root, "images": self.image_results, "ray": self.ray_results}[
+            source
+        ]
         return table[name](source_data)
 
     def render(self, source: str, name: str, old: str) -> str:
@@ -88,9 +90,7 @@ class Figures:
 
 def rewrite(text: str, figures: Figures) -> str:
     """``text`` with every marker's content generated anew."""
-    return MARKER.sub(
-        lambda m: f"<!-- {m[1]}:{m[2]} -->{figures.render(m[1], m[2], m[3])}<!-- /{m[1]} -->", text
-    )
+    return MARKER.sub(lambda m: f"<!-- {m[1]}:{m[2]} -->{figures.render(m[1], m[2], m[3])}<!-- /{m[1]} -->", text)
 
 
 def problems(path: Path, figures: Figures) -> list[str]:
@@ -130,9 +130,7 @@ LOOKS_MEASURED = re.compile(r"(?<![\d×]\s)(?<![\d×])\d[\d,.]*\s?(?:×(?!\s?\d)
 _CODE_BLOCK = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 
 #: Phrases whose numbers look measured but are not, each with what it is.
-NOT_MEASURED = {
-    "p99 is 10× p50": "the verdict's rule for slow samples (docs/stats.md): a threshold",
-}
+NOT_MEASURED = {"p99 is 10× p50": "the verdict's rule for slow samples (docs/stats.md): a threshold"}
 
 
 def unmarked_figures(path: Path, root: Path = ROOT) -> list[str]:
@@ -157,8 +155,12 @@ def load_results(path: Path = RESULTS) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="change nothing; list the figures that disagree, exit 1 if any")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="the results file (default bench/results-latest.json)")
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; list the figures that disagree, exit 1 if any"
+    )
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="the results file (default bench/results-latest.json)"
+    )
     args = parser.parse_args(argv)
     figures = Figures(load_results(args.results))
     if args.check:

@@ -68,55 +68,119 @@ def loaders_table(r: Results) -> str:
     rate, rates = shards["samples_per_s"], store["samples_per_s"]
     i = r.ranks()
     rows = [
-        ("(a) big batches, 64×3×224×224 uint8 made fresh, 2 workers, consumer copies every byte",
-         *(f"{v:.2f} GB/s" for v in _pair(w["a_big_batches_GBps"])[:2]), times(w["a_big_batches_GBps"]["ratio"])),
-        ("(b) small batches, 32 ints, 2 workers",
-         *(f"{count(v)} batches/s" for v in _pair(w["b_small_batches_per_s"])[:2]), times(w["b_small_batches_per_s"]["ratio"])),
-        ("(c) JPEG decode + random crop + flip (Pillow), batch 32, 2 workers",
-         *(f"{count(v)} samples/s" for v in _pair(w["c_image_samples_per_s"])[:2]), times(w["c_image_samples_per_s"]["ratio"])),
-        ("(d) time to the first batch under spawn, script that imports torch",
-         *(seconds(v) for v in _pair(w["d_first_batch_spawn_s"])[:2]), times(w["d_first_batch_spawn_s"]["ratio"])),
-        ("(e) peak resident memory of (a), main + workers (RSS summed)",
-         *(f"{count(v)} MB" for v in _pair(w["e_peak_memory_MB"])[:2]), times(w["e_peak_memory_MB"]["ratio"])),
-        ("(e') the same as PSS (shared pages counted once)",
-         *(f"{count(v)} MB" for v in _pair(w["e_peak_memory_pss_MB"])[:2]), times(w["e_peak_memory_pss_MB"]["ratio"])),
-        ("(g) torch-op augmentations (random resized crop, flip, normalize), batch 32, 2 workers",
-         *(f"{count(v)} samples/s" for v in _pair(w["g_torch_aug_samples_per_s"])[:2]), times(w["g_torch_aug_samples_per_s"]["ratio"])),
-        ("(i) data-parallel: 2 ranks (torchrun, gloo), 1 worker each, (b)'s batches, an all-reduce after each; per rank",
-         f"{count(i['conveyor'])} batches/s", f"{count(i['torch'])} batches/s", times(i["ratio"])),
+        (
+            "(a) big batches, 64×3×224×224 uint8 made fresh, 2 workers, consumer copies every byte",
+            *(f"{v:.2f} GB/s" for v in _pair(w["a_big_batches_GBps"])[:2]),
+            times(w["a_big_batches_GBps"]["ratio"]),
+        ),
+        (
+            "(b) small batches, 32 ints, 2 workers",
+            *(f"{count(v)} batches/s" for v in _pair(w["b_small_batches_per_s"])[:2]),
+            times(w["b_small_batches_per_s"]["ratio"]),
+        ),
+        (
+            "(c) JPEG decode + random crop + flip (Pillow), batch 32, 2 workers",
+            *(f"{count(v)} samples/s" for v in _pair(w["c_image_samples_per_s"])[:2]),
+            times(w["c_image_samples_per_s"]["ratio"]),
+        ),
+        (
+            "(d) time to the first batch under spawn, script that imports torch",
+            *(seconds(v) for v in _pair(w["d_first_batch_spawn_s"])[:2]),
+            times(w["d_first_batch_spawn_s"]["ratio"]),
+        ),
+        (
+            "(e) peak resident memory of (a), main + workers (RSS summed)",
+            *(f"{count(v)} MB" for v in _pair(w["e_peak_memory_MB"])[:2]),
+            times(w["e_peak_memory_MB"]["ratio"]),
+        ),
+        (
+            "(e') the same as PSS (shared pages counted once)",
+            *(f"{count(v)} MB" for v in _pair(w["e_peak_memory_pss_MB"])[:2]),
+            times(w["e_peak_memory_pss_MB"]["ratio"]),
+        ),
+        (
+            "(g) torch-op augmentations (random resized crop, flip, normalize), batch 32, 2 workers",
+            *(f"{count(v)} samples/s" for v in _pair(w["g_torch_aug_samples_per_s"])[:2]),
+            times(w["g_torch_aug_samples_per_s"]["ratio"]),
+        ),
+        (
+            "(i) data-parallel: 2 ranks (torchrun, gloo), 1 worker each, (b)'s batches, an all-reduce after each; "
+            "per rank",
+            f"{count(i['conveyor'])} batches/s",
+            f"{count(i['torch'])} batches/s",
+            times(i["ratio"]),
+        ),
     ]
     for label, key, ours in (
-        ("(j) samples that each wait 20 ms (a remote read), batch 32, 2 workers, `reads_in_flight=8`",
-         "j_waiting_samples_per_s", "conveyor"),
-        ("(j') the same, one read at a time (processes only)", "j_waiting_processes_only_samples_per_s", "conveyor_processes"),
-        ("(j'') the same with 8 worker threads (`worker_method=\"thread\"`), 4 reads in flight each",
-         "j_waiting_thread_workers_samples_per_s", "conveyor_threads"),
+        (
+            "(j) samples that each wait 20 ms (a remote read), batch 32, 2 workers, `reads_in_flight=8`",
+            "j_waiting_samples_per_s",
+            "conveyor",
+        ),
+        (
+            "(j') the same, one read at a time (processes only)",
+            "j_waiting_processes_only_samples_per_s",
+            "conveyor_processes",
+        ),
+        (
+            "(j'') the same with 8 worker threads (`worker_method=\"thread\"`), 4 reads in flight each",
+            "j_waiting_thread_workers_samples_per_s",
+            "conveyor_threads",
+        ),
     ):
         c, t, ratio = _pair(w[key], ours)
         rows.append((label, f"{count(c)} samples/s", f"{count(t)} samples/s", times(ratio)))
     for label, ours, theirs in (
-        ("(k) memory growth over an epoch: 5M file names in a Python list, 2 forked workers (PSS, main + workers)",
-         "conveyor_list", "torch_list"),
+        (
+            "(k) memory growth over an epoch: 5M file names in a Python list, 2 forked workers (PSS, main + workers)",
+            "conveyor_list",
+            "torch_list",
+        ),
         ("(k') the same names in a `conveyor.CompactList`", "conveyor_compact", "torch_compact"),
     ):
         c, t = memory[ours]["growth_MB"], memory[theirs]["growth_MB"]
         rows.append((label, f"+{count(c)} MB", f"+{count(t)} MB", times(c / t)))
     c, t, ratio = _pair(w["l_huge_sample_s"])
-    rows.append(("(l) one 2 GB sample per batch, 4 batches, 2 workers: seconds to the end", seconds(c, 1), seconds(t, 1), times(ratio)))
+    rows.append(
+        (
+            "(l) one 2 GB sample per batch, 4 batches, 2 workers: seconds to the end",
+            seconds(c, 1),
+            seconds(t, 1),
+            times(ratio),
+        )
+    )
     for label, ours in (
-        ("(m) 20,000 files of 8 KB, cold page cache, shuffled, 2 workers: conveyor over `ShardDataset`, torch over the loose files",
-         "conveyor_shards"),
+        (
+            "(m) 20,000 files of 8 KB, cold page cache, shuffled, 2 workers: conveyor over `ShardDataset`, torch "
+            "over the loose files",
+            "conveyor_shards",
+        ),
         ("(m') the shards streamed whole (`ShardDataset.stream()`)", "conveyor_stream"),
         ("(m'') conveyor over the same loose files", "conveyor_files"),
     ):
-        rows.append((label, f"{count(rate[ours])} samples/s", f"{count(rate['torch_files'])} samples/s",
-                     times(rate[ours] / rate["torch_files"])))
+        rows.append(
+            (
+                label,
+                f"{count(rate[ours])} samples/s",
+                f"{count(rate['torch_files'])} samples/s",
+                times(rate[ours] / rate["torch_files"]),
+            )
+        )
     for label, ours in (
-        ("(n) 600 objects of 4 KB in an S3 store (moto, 20 ms a request), through s3fs: 8 worker threads × 4 reads",
-         "conveyor_threads"),
+        (
+            "(n) 600 objects of 4 KB in an S3 store (moto, 20 ms a request), through s3fs: 8 worker threads × 4 reads",
+            "conveyor_threads",
+        ),
         ("(n') the same with 2 worker processes × 8 reads", "conveyor_processes"),
     ):
-        rows.append((label, f"{count(rates[ours])} samples/s", f"{count(rates['torch'])} samples/s", times(store["ratios"][ours])))
+        rows.append(
+            (
+                label,
+                f"{count(rates[ours])} samples/s",
+                f"{count(rates['torch'])} samples/s",
+                times(store["ratios"][ours]),
+            )
+        )
     for at in ("10", "90"):
         res = r.resume(at)
         torch_text = seconds(res["torch_s"]) + (" (iterate and discard)" if at == "10" else "")
@@ -131,23 +195,34 @@ def stats_table(r: Results) -> str:
     """The cost of stats (workload h), stats on against off."""
     rate, cpu = r.work["h_stats_overhead_small_batches_per_s"], r.work["h_stats_overhead_cpu_us_per_batch"]
     rounds = r.rounds(rate["samples"])
-    return "\n".join([
-        "| the cost of stats (h): (b) through conveyor, `collect_stats` on | on | off | cost |",
-        "|---|---|---|---|",
-        f"| batches/s (median of each round's on/off, {rounds} rounds) | {count(rate['stats_on'])} | "
-        f"{count(rate['stats_off'])} | {percent(rate['overhead'])} |",
-        f"| CPU per batch, main process and workers together | {cpu['stats_on']:.1f} µs | {cpu['stats_off']:.1f} µs | "
-        f"{percent(cpu['overhead'])} |",
-    ])
+    return "\n".join(
+        [
+            "| the cost of stats (h): (b) through conveyor, `collect_stats` on | on | off | cost |",
+            "|---|---|---|---|",
+            f"| batches/s (median of each round's on/off, {rounds} rounds) | {count(rate['stats_on'])} | "
+            f"{count(rate['stats_off'])} | {percent(rate['overhead'])} |",
+            f"| CPU per batch, main process and workers together | {cpu['stats_on']:.1f} µs | {cpu['stats_off']:.1f} "
+            "µs | "
+            f"{percent(cpu['overhead'])} |",
+        ]
+    )
 
 
 def threads_table(r: Results) -> str:
     """docs/threads.md: workload j against its limits."""
     w = r.work
     rows = [
-        ("conveyor, 8 worker threads × 4 reads in flight", w["j_waiting_thread_workers_samples_per_s"], "conveyor_threads"),
+        (
+            "conveyor, 8 worker threads × 4 reads in flight",
+            w["j_waiting_thread_workers_samples_per_s"],
+            "conveyor_threads",
+        ),
         ("conveyor, 2 worker processes × 8 reads in flight", w["j_waiting_samples_per_s"], "conveyor"),
-        ("conveyor, 2 worker processes, one read at a time", w["j_waiting_processes_only_samples_per_s"], "conveyor_processes"),
+        (
+            "conveyor, 2 worker processes, one read at a time",
+            w["j_waiting_processes_only_samples_per_s"],
+            "conveyor_processes",
+        ),
     ]
     lines = ["| set-up | samples/s | limit | torch (2 worker processes) |", "|---|---|---|---|"]
     lines += [f"| {label} | {count(e[key])} | {count(e['limit'])} | {count(e['torch'])} |" for label, e, key in rows]
@@ -158,14 +233,18 @@ def shards_table(r: Results) -> str:
     """docs/data.md: workload m, samples/s over loose files and shards."""
     rate = r.data["shards"]["samples_per_s"]
     base = rate["torch_files"]
-    return "\n".join([
-        "| | samples/s |",
-        "|---|---|",
-        f"| torch.utils.data over the loose files | {count(base)} |",
-        f"| conveyor over the loose files | {count(rate['conveyor_files'])} |",
-        f"| conveyor over `ShardDataset` (random access) | {count(rate['conveyor_shards'])} ({times(rate['conveyor_shards'] / base)}) |",
-        f"| conveyor over `ShardDataset.stream()` | {count(rate['conveyor_stream'])} ({times(rate['conveyor_stream'] / base)}) |",
-    ])
+    return "\n".join(
+        [
+            "| | samples/s |",
+            "|---|---|",
+            f"| torch.utils.data over the loose files | {count(base)} |",
+            f"| conveyor over the loose files | {count(rate['conveyor_files'])} |",
+            f"| conveyor over `ShardDataset` (random access) | {count(rate['conveyor_shards'])} "
+            f"({times(rate['conveyor_shards'] / base)}) |",
+            f"| conveyor over `ShardDataset.stream()` | {count(rate['conveyor_stream'])} "
+            f"({times(rate['conveyor_stream'] / base)}) |",
+        ]
+    )
 
 
 def _j(r: Results, key: str) -> dict:
@@ -202,17 +281,21 @@ BENCH: dict[str, Callable[[Results], str]] = {
     "h.cpu_on": lambda r: f"{r.work['h_stats_overhead_cpu_us_per_batch']['stats_on']:.1f} µs",
     "h.cpu_off": lambda r: f"{r.work['h_stats_overhead_cpu_us_per_batch']['stats_off']:.1f} µs",
     "h.cpu_delta": lambda r: "{:.1f} µs".format(
-        r.work["h_stats_overhead_cpu_us_per_batch"]["stats_on"] - r.work["h_stats_overhead_cpu_us_per_batch"]["stats_off"]
+        r.work["h_stats_overhead_cpu_us_per_batch"]["stats_on"]
+        - r.work["h_stats_overhead_cpu_us_per_batch"]["stats_off"]
     ),
     "h.rounds": lambda r: str(r.rounds(r.work["h_stats_overhead_small_batches_per_s"]["samples"])),
     "i.conveyor": lambda r: count(r.ranks()["conveyor"]),
     "i.torch": lambda r: count(r.ranks()["torch"]),
     "i.ratio": lambda r: times(r.ranks()["ratio"]),
     "j.limit": lambda r: count(_j(r, "j_waiting_samples_per_s")["limit"]),
-    "j.of_limit": lambda r: percent(_j(r, "j_waiting_samples_per_s")["conveyor"] / _j(r, "j_waiting_samples_per_s")["limit"]),
+    "j.of_limit": lambda r: percent(
+        _j(r, "j_waiting_samples_per_s")["conveyor"] / _j(r, "j_waiting_samples_per_s")["limit"]
+    ),
     "j.threads_limit": lambda r: count(_j(r, "j_waiting_thread_workers_samples_per_s")["limit"]),
     "j.threads_of_limit": lambda r: percent(
-        _j(r, "j_waiting_thread_workers_samples_per_s")["conveyor_threads"] / _j(r, "j_waiting_thread_workers_samples_per_s")["limit"]
+        _j(r, "j_waiting_thread_workers_samples_per_s")["conveyor_threads"]
+        / _j(r, "j_waiting_thread_workers_samples_per_s")["limit"]
     ),
     "j.one_read_limit": lambda r: count(_j(r, "j_waiting_processes_only_samples_per_s")["limit"]),
     "m.pack_s": lambda r: f"{r.data['shards']['pack_s']:.0f} s",

@@ -46,7 +46,10 @@ def speed_table(data: dict) -> str:
 def ceiling_table(data: dict) -> str:
     """Twice one process's rate with each decode library, no loader."""
     small, large = data["ceilings_imagenet_sized"]["median"], data["ceilings_large_photos"]["median"]
-    rows = ["| decode library, one process × 2 | ImageNet-sized, samples/s | large photos, samples/s |", "|---|---|---|"]
+    rows = [
+        "| decode library, one process × 2 | ImageNet-sized, samples/s | large photos, samples/s |",
+        "|---|---|---|",
+    ]
     for lib, name in _LIBS.items():
         if lib in small:
             rows.append(f"| {name} | {count(small[lib])} | {count(large[lib]) if lib in large else '-'} |")
@@ -84,10 +87,12 @@ IMAGES: dict[str, Callable[[dict], str]] = {
     "previous.imagenet.vs_dali": lambda d: _ratio("imagenet_sized", "dali_cpu")(d["previous_run"]),
     "previous.large.vs_torch": lambda d: _ratio("large_photos", "torch")(d["previous_run"]),
     "previous.first.vs_spdl": lambda d: times(
-        d["previous_run"]["first_batch_s"]["median"]["conveyor_images"] / d["previous_run"]["first_batch_s"]["median"]["spdl"]
+        d["previous_run"]["first_batch_s"]["median"]["conveyor_images"]
+        / d["previous_run"]["first_batch_s"]["median"]["spdl"]
     ),
     "previous.first.vs_dali": lambda d: times(
-        d["previous_run"]["first_batch_s"]["median"]["conveyor_images"] / d["previous_run"]["first_batch_s"]["median"]["dali_cpu"]
+        d["previous_run"]["first_batch_s"]["median"]["conveyor_images"]
+        / d["previous_run"]["first_batch_s"]["median"]["dali_cpu"]
     ),
     "previous.first.conveyor": lambda d: seconds(d["previous_run"]["first_batch_s"]["median"]["conveyor_images"], 3),
     "first.conveyor": lambda d: seconds(d["first_batch_s"]["median"]["conveyor_images"], 3),
@@ -97,9 +102,15 @@ IMAGES: dict[str, Callable[[dict], str]] = {
     "ceiling.large.vs_pillow": lambda d: times(
         d["ceilings_large_photos"]["median"]["conveyor_images"] / d["ceilings_large_photos"]["median"]["pillow"]
     ),
-    "first.vs_spdl": lambda d: times(d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["spdl"]),
-    "first.vs_dali": lambda d: times(d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["dali_cpu"]),
-    "first.vs_ffcv": lambda d: times(d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["ffcv"]),
+    "first.vs_spdl": lambda d: times(
+        d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["spdl"]
+    ),
+    "first.vs_dali": lambda d: times(
+        d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["dali_cpu"]
+    ),
+    "first.vs_ffcv": lambda d: times(
+        d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["ffcv"]
+    ),
     "first.vs_spdl_images": lambda d: times(
         d["first_batch_s"]["median"]["conveyor_images"] / d["first_batch_s"]["median"]["spdl_images"]
     ),

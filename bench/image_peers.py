@@ -12,7 +12,6 @@ threads where the library has only those).
 
 from __future__ import annotations
 
-import io
 import random
 import sys
 import time
@@ -47,7 +46,8 @@ def pillow_sample(path: str, rng: random.Random) -> np.ndarray:
 
 
 class PillowFolder:
-    """The Pillow pipeline as a map-style dataset (torch and conveyor today); draws from ``random``, which both seed per worker or batch."""
+    """The Pillow pipeline as a map-style dataset (torch and conveyor today);
+    draws from ``random``, which both seed per worker or batch."""
 
     def __init__(self, root: str):
         self.samples = image_data.files(Path(root))
@@ -77,7 +77,9 @@ def _conveyor_images(root: str, batch: int):
     import conveyor.torch as ct
     from conveyor.images import ImageFolder, RandomResizedCrop
 
-    return ct.DataLoader(ImageFolder(root, RandomResizedCrop(SIZE)), batch_size=batch, shuffle=True, num_workers=WORKERS)
+    return ct.DataLoader(
+        ImageFolder(root, RandomResizedCrop(SIZE)), batch_size=batch, shuffle=True, num_workers=WORKERS
+    )
 
 
 def _conveyor_images_packed(root: str, batch: int):
@@ -102,7 +104,12 @@ def _dali(root: str, batch: int):
     def pipeline():
         jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="reader")
         images = fn.decoders.image_random_crop(
-            jpegs, device="cpu", output_type=types.RGB, random_area=list(SCALE), random_aspect_ratio=list(RATIO), num_attempts=10
+            jpegs,
+            device="cpu",
+            output_type=types.RGB,
+            random_area=list(SCALE),
+            random_aspect_ratio=list(RATIO),
+            num_attempts=10,
         )
         images = fn.resize(images, resize_x=SIZE, resize_y=SIZE, antialias=True)
         images = fn.flip(images, horizontal=fn.random.coin_flip())
@@ -145,8 +152,13 @@ def _ffcv(root: str, batch: int):
         fields = {"image": RGBImageField(write_mode="jpg", jpeg_quality=90), "label": IntField()}
         DatasetWriter(str(beton) + ".tmp", fields, num_workers=WORKERS).from_indexed_dataset(Decoded())
         Path(str(beton) + ".tmp").rename(beton)
-    pipelines = {"image": [RandomResizedCropRGBImageDecoder((SIZE, SIZE)), RandomHorizontalFlip()], "label": [IntDecoder()]}
-    return Loader(str(beton), batch_size=batch, num_workers=WORKERS, order=OrderOption.RANDOM, os_cache=True, pipelines=pipelines)
+    pipelines = {
+        "image": [RandomResizedCropRGBImageDecoder((SIZE, SIZE)), RandomHorizontalFlip()],
+        "label": [IntDecoder()],
+    }
+    return Loader(
+        str(beton), batch_size=batch, num_workers=WORKERS, order=OrderOption.RANDOM, os_cache=True, pipelines=pipelines
+    )
 
 
 class _Spdl:
@@ -205,7 +217,8 @@ def _count(batch) -> int:
 
 
 def rate(kind: str, root: str, batch: int) -> float:
-    """Samples per second over one epoch, after the first batch (a warm-up epoch first for FFCV: it compiles with numba)."""
+    """Samples per second over one epoch, after the first batch (a warm-up
+    epoch first for FFCV: it compiles with numba)."""
     if kind == "ffcv":
         for _ in LOADERS[kind](root, batch):
             pass

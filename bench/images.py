@@ -22,8 +22,8 @@ no loader. First batch: seconds from building the loader to its first
 batch, 2 workers, ImageNet-sized files, in a process that has built one
 before (median of 5), conveyor against torch, spdl's thread pipeline
 (with Pillow, and with conveyor.images' decode: the same work per sample),
-DALI's CPU pipeline and FFCV (one after its warm-up: it takes seconds). The load average before and after says how busy the
-machine was.
+DALI's CPU pipeline and FFCV (one after its warm-up: it takes seconds).
+The load average before and after says how busy the machine was.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -129,17 +128,24 @@ def main() -> int:
     import numpy
 
     report: dict = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": numpy.__version__,
-                    "platform": platform.platform(), "load_before": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "numpy": numpy.__version__,
+            "platform": platform.platform(),
+            "load_before": os.getloadavg(),
+        },
         "workload": "JPEG decode + RandomResizedCrop(224, scale 0.08-1, ratio 3/4-4/3) + flip, uint8 224x224x3, "
-                    "2 workers, shuffled, samples/s after the first batch",
+        "2 workers, shuffled, samples/s after the first batch",
         "rounds": args.rounds,
-    }  # fmt: skip
+    }
     if "imagenet" in only:
         report["imagenet_sized"] = {"files": 1000, "batch": 32, **rates(imagenet, 32, args.rounds)}
     if "large" in only:
         report["large_photos"] = {"files": LARGE_FILES, "batch": 16, **rates(large, 16, args.rounds)}
-    if "packed" in only:  # large photos stored at most 512 px (conveyor pack --max-side 512), against torch on the files
+    if (
+        "packed" in only
+    ):  # large photos stored at most 512 px (conveyor pack --max-side 512), against torch on the files
         kinds = ("torch", "conveyor_images_packed")
         packed = _summary(_rounds(lambda kind: _run("rate", kind, str(large), "16"), kinds, args.rounds))
         report["large_photos_packed"] = {"files": LARGE_FILES, "batch": 16, "max_side": 512, **packed}

@@ -130,8 +130,12 @@ def kept(rounds: int) -> dict:
                 for name in runs:
                     kind, keep = name.split("_")
                     out = subprocess.run(
-                        [sys.executable, str(script), kind, case, keep], capture_output=True, text=True, timeout=600,
-                        check=True, env={**os.environ, "PYTHONPATH": str(SRC)},
+                        [sys.executable, str(script), kind, case, keep],
+                        capture_output=True,
+                        text=True,
+                        timeout=600,
+                        check=True,
+                        env={**os.environ, "PYTHONPATH": str(SRC)},
                     )
                     runs[name].append(json.loads(out.stdout.strip().splitlines()[-1])["growth_kB"])
             medians = {name: statistics.median(values) for name, values in runs.items()}
@@ -157,8 +161,12 @@ def cost(rounds: int, before: Path) -> dict:
             for _ in range(rounds):
                 for side, src in (("after", SRC), ("before", before)):
                     out = subprocess.run(
-                        [sys.executable, str(script), workload], capture_output=True, text=True, timeout=600,
-                        check=True, env={**os.environ, "PYTHONPATH": str(src)},
+                        [sys.executable, str(script), workload],
+                        capture_output=True,
+                        text=True,
+                        timeout=600,
+                        check=True,
+                        env={**os.environ, "PYTHONPATH": str(src)},
                     )
                     where, rate = out.stdout.strip().splitlines()[-2:]
                     files[side] = where
@@ -181,10 +189,16 @@ def run(args: argparse.Namespace) -> dict:
 
     report: dict = {
         "benchmark": "kept_leaves",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                    "numpy": numpy.__version__, "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": numpy.__version__,
+            "platform": platform.platform(),
+        },
         "kept": kept(args.rounds),
-        "unit_kept": "MB of the main process's PSS held by the kept leaves (growth keeping them minus growth keeping none)",
+        "unit_kept": "MB of the main process's PSS held by the kept leaves (growth keeping them minus growth keeping "
+        "none)",
     }
     if args.before:
         report["cost"] = cost(args.rounds + 2, Path(args.before))

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-SCRIPT = '''
+SCRIPT = """
 import sys, time
 loader_kind, container, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
@@ -48,7 +48,7 @@ print("ready", flush=True)
 time.sleep(0.5)
 for batch in loader:
     pass
-'''
+"""
 
 
 def _tree(pid: int) -> list[int]:
@@ -79,7 +79,9 @@ def measure(loader_kind: str, container: str, items: int) -> dict:
         script = os.path.join(tmp, "names.py")
         with open(script, "w") as f:
             f.write(SCRIPT)
-        proc = subprocess.Popen([sys.executable, script, loader_kind, container, str(items)], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, script, loader_kind, container, str(items)], stdout=subprocess.PIPE, text=True
+        )
         proc.stdout.readline()  # "ready": built, not iterating yet
         before = peak = sum(_pss_kb(p) for p in _tree(proc.pid))
         while proc.poll() is None:
@@ -87,7 +89,11 @@ def measure(loader_kind: str, container: str, items: int) -> dict:
             time.sleep(0.05)
         if proc.returncode != 0:
             raise RuntimeError(f"{loader_kind}/{container} failed with exit code {proc.returncode}")
-    return {"before_MB": round(before / 1024), "peak_MB": round(peak / 1024), "growth_MB": round((peak - before) / 1024)}
+    return {
+        "before_MB": round(before / 1024),
+        "peak_MB": round(peak / 1024),
+        "growth_MB": round((peak - before) / 1024),
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -95,7 +101,12 @@ def run(args: argparse.Namespace) -> dict:
     for container in ("list", "compact"):
         for loader_kind in ("conveyor", "torch"):
             results[f"{loader_kind}_{container}"] = measure(loader_kind, container, args.items)
-    return {"benchmark": "list_memory", "items": args.items, "unit": "MB of PSS, main process and workers", "results": results}
+    return {
+        "benchmark": "list_memory",
+        "items": args.items,
+        "unit": "MB of PSS, main process and workers",
+        "results": results,
+    }
 
 
 def parse_args(argv=None) -> argparse.Namespace:

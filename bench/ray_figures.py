@@ -20,7 +20,8 @@ def _s(seconds: float) -> str:
 def overhead_table(data: dict) -> str:
     """Per workload: seconds per batch with processes and with Ray, Ray's extra, and the first batch."""
     rows = [
-        "| batch | processes, s/batch | Ray actors, s/batch | Ray's extra per batch | first batch (start-up), processes / Ray |",
+        "| batch | processes, s/batch | Ray actors, s/batch | Ray's extra per batch | first batch (start-up), "
+        "processes / Ray |",
         "|---|---|---|---|---|",
     ]
     for entry in data["workloads"].values():
@@ -34,7 +35,9 @@ def overhead_table(data: dict) -> str:
 
 def setup(data: dict) -> str:
     machine = data["machine"]
-    return f"{machine['cpus']} cores, {data['workers']} workers, Ray {machine['ray']}, medians of {data['rounds']} rounds"
+    return (
+        f"{machine['cpus']} cores, {data['workers']} workers, Ray {machine['ray']}, medians of {data['rounds']} rounds"
+    )
 
 
 RAY: dict[str, Callable[[dict], str]] = {

@@ -91,13 +91,22 @@ def main() -> None:
                     "first_batch_s": statistics.median(r[0] for r in runs[method]),
                     "per_batch_s_all": [r[1] for r in runs[method]],
                 }
-            entry["ray_over_processes_per_batch"] = entry["ray"]["per_batch_s"] / entry["multiprocessing"]["per_batch_s"]
+            entry["ray_over_processes_per_batch"] = (
+                entry["ray"]["per_batch_s"] / entry["multiprocessing"]["per_batch_s"]
+            )
             entry["ray_extra_per_batch_s"] = entry["ray"]["per_batch_s"] - entry["multiprocessing"]["per_batch_s"]
             results[name] = entry
     finally:
         ray.shutdown()
-    machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "ray": ray.__version__, "numpy": np.__version__}
-    print(json.dumps({"workers": args.workers, "rounds": args.rounds, "machine": machine, "workloads": results}, indent=2))
+    machine = {
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "ray": ray.__version__,
+        "numpy": np.__version__,
+    }
+    print(
+        json.dumps({"workers": args.workers, "rounds": args.rounds, "machine": machine, "workloads": results}, indent=2)
+    )
 
 
 if __name__ == "__main__":

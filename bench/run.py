@@ -208,6 +208,7 @@ def single_process_images(root: str, samples: int = 600) -> float:
     two-core ceiling of (c))."""
     import torch
     import torch.utils.data as tud
+
     from conveyor.cli.demo import ImageFolder
 
     dataset = ImageFolder(root, crop=224)
@@ -348,9 +349,9 @@ def stats_overhead(rounds: int) -> dict:
 
 def machine_limits() -> dict:
     """What the hardware allows, for reading the workloads against."""
-    from conveyor.collate import collate_into
     from conveyor._engine.loading.rows import SlotAllocator
     from conveyor._engine.transport.slots import SlotWriter, create_slot_fds
+    from conveyor.collate import collate_into
 
     big = np.ones((64, 3, 224, 224), np.uint8)
     dst = np.empty_like(big)
@@ -529,11 +530,17 @@ def main() -> int:
         if "store" in report:
             print("n_store: " + json.dumps(report["store"]["samples_per_s"]))
         for name, result in report.get("kept_leaves", {}).get("kept", {}).items():
-            print(f"o_kept_{name}: conveyor +{result['conveyor_MB']} MB  torch +{result['torch_MB']} MB  ratio {result['ratio']}")
+            print(
+                f"o_kept_{name}: conveyor +{result['conveyor_MB']} MB  torch +{result['torch_MB']} MB  ratio "
+                f"{result['ratio']}"
+            )
         if "shards" in report:
             print("m_shards: " + json.dumps(report["shards"]["samples_per_s"]))
         for rank in report.get("distributed", {}).get("ranks", []):
-            print(f"i_distributed rank {rank['rank']}: conveyor {rank['conveyor']:,.0f}  torch {rank['torch']:,.0f}  ratio {rank['ratio']:.2f}")
+            print(
+                f"i_distributed rank {rank['rank']}: conveyor {rank['conveyor']:,.0f}  torch {rank['torch']:,.0f}  "
+                f"ratio {rank['ratio']:.2f}"
+            )
     return 0
 
 

@@ -34,22 +34,30 @@ KINDS = ("conveyor_shards", "conveyor_stream", "conveyor_files", "torch_files")
 
 def summarize(runs: str, base_name: str, what: str) -> dict:
     """Medians and ratios of the pairs' runs in ``runs``."""
-    sides = {side: [json.loads(Path(p).read_text()) for p in sorted(glob.glob(os.path.join(runs, f"{side}-*.json")))]
-             for side in ("base", "this")}  # fmt: skip
+    sides = {
+        side: [json.loads(Path(p).read_text()) for p in sorted(glob.glob(os.path.join(runs, f"{side}-*.json")))]
+        for side in ("base", "this")
+    }
     if not sides["base"] or len(sides["base"]) != len(sides["this"]):
         raise SystemExit(f"{runs}: {len(sides['base'])} base and {len(sides['this'])} runs of this tree; want pairs")
     report: dict = {"what": what, "base": base_name, "pairs": len(sides["base"])}
     for kind in KINDS:
         rounds = {side: [v for run in runs_ for v in run["samples"][kind]] for side, runs_ in sides.items()}
         base, this = statistics.median(rounds["base"]), statistics.median(rounds["this"])
-        report[kind] = {"base_samples_per_s": round(base, 1), "this_samples_per_s": round(this, 1),
-                        "ratio_this_over_base": round(this / base, 3), "rounds": len(rounds["this"])}  # fmt: skip
+        report[kind] = {
+            "base_samples_per_s": round(base, 1),
+            "this_samples_per_s": round(this, 1),
+            "ratio_this_over_base": round(this / base, 3),
+            "rounds": len(rounds["this"]),
+        }
     checks = {side: [run["checks"]["raw_us_per_sample"] for run in runs_] for side, runs_ in sides.items()}
     base, this = statistics.median(checks["base"]), statistics.median(checks["this"])
     report["checks_raw_us_per_sample"] = {
         "what": "CPU µs per ShardDataset.raw, page cache warm, median over the runs",
-        "base": round(base, 2), "this": round(this, 2), "ratio_this_over_base": round(this / base, 3),
-    }  # fmt: skip
+        "base": round(base, 2),
+        "this": round(this, 2),
+        "ratio_this_over_base": round(this / base, 3),
+    }
     return report
 
 
@@ -89,8 +97,10 @@ def main() -> None:
         run_pairs(args.base, args.pairs, args.files, args.rounds, runs)
     else:
         parser.error("give BASE, or --summarize RUNS_DIR")
-    what = (f"bench/shards.py --files {args.files} --rounds {args.rounds} for the base and this tree in turn, "
-            f"pairs of runs alternating; medians over every round (page cache dropped before each)")  # fmt: skip
+    what = (
+        f"bench/shards.py --files {args.files} --rounds {args.rounds} for the base and this tree in turn, "
+        f"pairs of runs alternating; medians over every round (page cache dropped before each)"
+    )
     report = summarize(runs, args.base_name or args.base or "base", what)
     text = json.dumps(report, indent=1, ensure_ascii=False)
     if args.out:

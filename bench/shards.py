@@ -11,7 +11,8 @@ before each run (posix_fadvise DONTNEED). Samples/s of:
 
   torch_files     torch.utils.data over the loose files (one open per sample)
   conveyor_files  conveyor.torch over the loose files
-  conveyor_shards conveyor.torch over conveyor.shards.ShardDataset (one pread per sample from a bounded table of open files)
+  conveyor_shards conveyor.torch over conveyor.shards.ShardDataset (one pread per sample
+                  from a bounded table of open files)
   conveyor_stream the shards read whole, in a shuffled shard order (ShardDataset.stream)
 
 and what the checks of every read cost (``checks``): ShardDataset.raw per
@@ -87,7 +88,9 @@ def read_all(kind: str, root: str, shards: str) -> float:
     elif kind == "conveyor_files":
         loader = ct.DataLoader(LooseFiles(root), batch_size=64, shuffle=True, num_workers=2, seed=0)
     elif kind == "conveyor_shards":
-        loader = ct.DataLoader(ShardDataset(shards, transform=shard_sample), batch_size=64, shuffle=True, num_workers=2, seed=0)
+        loader = ct.DataLoader(
+            ShardDataset(shards, transform=shard_sample), batch_size=64, shuffle=True, num_workers=2, seed=0
+        )
     else:
         stream = ShardDataset(shards, transform=shard_sample).stream(shuffle_shards=True, seed=0)
         loader = ct.DataLoader(stream, batch_size=64, num_workers=2)

@@ -73,8 +73,10 @@ def read_all(kind: str, url: str) -> float:
 def run(args: argparse.Namespace) -> dict:
     server = subprocess.Popen(
         [sys.executable, "-c", _SERVER.format(tests=str(TESTS), latency=args.latency)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = server.stdout.readline().strip()
         from conveyor.store import Store

@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -62,8 +61,13 @@ def _commit(src: Path) -> str:
 
 def _child(src: Path, options: dict, cache_dir: str, chunk_bytes: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
-    done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps([options, cache_dir, chunk_bytes])],
-                          capture_output=True, text=True, env=env, timeout=1800)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps([options, cache_dir, chunk_bytes])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     if done.returncode:
         raise SystemExit(f"the fetching process failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout)
@@ -81,12 +85,14 @@ def main() -> None:
 
     sys.path.insert(0, str(TESTS))
     import boto3
+
     from object_store import BUCKET, ObjectStore
 
     server = ObjectStore.start()
     endpoint = f"http://{server.host}:{server.port}"  # (moto itself: the proxy is for injecting faults)
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
-                          aws_secret_access_key="test")  # fmt: skip
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test"
+    )
     block = os.urandom(1 << 20)
     client.put_object(Bucket=BUCKET, Key="big.bin", Body=block * args.mb)
     client.put_object(Bucket=BUCKET, Key="small.bin", Body=b"small")
@@ -100,14 +106,17 @@ def main() -> None:
                     for step in ("fetch", "lookup"):
                         got = _child(src, options, cache_dir, args.chunk_mb << 20)
                         runs[str(src)][step].append(got)
-                        print(f"{runs[str(src)]['commit']} {step}: grew {got['grown_bytes'] / 2**20:.1f} MB "
-                              f"in {got['s']:.1f} s", flush=True)  # fmt: skip
+                        print(
+                            f"{runs[str(src)]['commit']} {step}: grew {got['grown_bytes'] / 2**20:.1f} MB "
+                            f"in {got['s']:.1f} s",
+                            flush=True,
+                        )
     finally:
         server.stop()
     result = {
         "what": f"bench/store_fetch_memory.py --mb {args.mb} --chunk-mb {args.chunk_mb} --runs {args.runs}: "
-                "peak RSS (VmHWM) added to a fresh process by Store.fetch of one object from moto's S3 server "
-                "(fetch: into an empty cache; lookup: the cached copy, checked by SHA-256), alternating checkouts",
+        "peak RSS (VmHWM) added to a fresh process by Store.fetch of one object from moto's S3 server "
+        "(fetch: into an empty cache; lookup: the cached copy, checked by SHA-256), alternating checkouts",
         "object_bytes": args.mb << 20,
         "object_etag": etag,
         "chunk_bytes": args.chunk_mb << 20,
@@ -123,7 +132,7 @@ def main() -> None:
             }
             for info in runs.values()
         },
-    }  # fmt: skip
+    }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -61,14 +61,18 @@ def main() -> None:
         dist.all_reduce(batch.sum())
         stream_batches += 1
 
-    evaluation = data.DataLoader(dataset, batch_size=8, sampler=data.DistributedSampler(dataset, shuffle=False, even=False))
+    evaluation = data.DataLoader(
+        dataset, batch_size=8, sampler=data.DistributedSampler(dataset, shuffle=False, even=False)
+    )
     evaluated = [i for _, index in evaluation for i in index.tolist()]
     everything = [None] * world
     dist.all_gather_object(everything, evaluated)
     if rank == 0:
         flat = sorted(i for part in everything for i in part)
-        print(f"{world} ranks; training batches on rank 0: {len(seen) // 4}; stream: {stream_batches} batches a rank; "
-              f"evaluation covered {len(flat)} samples, each once: {flat == list(range(64))}")
+        print(
+            f"{world} ranks; training batches on rank 0: {len(seen) // 4}; stream: {stream_batches} batches a rank; "
+            f"evaluation covered {len(flat)} samples, each once: {flat == list(range(64))}"
+        )
     dist.destroy_process_group()
 
 

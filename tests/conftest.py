@@ -87,7 +87,9 @@ def leftovers(before: Snapshot) -> dict[str, list[str]]:
     found = {}
     processes = procutil.new_descendants(before.pids)
     if processes:
-        found["processes"] = [f"pid {pid} ({procutil.describe(pid, letter)})" for pid, letter in sorted(processes.items())]
+        found["processes"] = [
+            f"pid {pid} ({procutil.describe(pid, letter)})" for pid, letter in sorted(processes.items())
+        ]
     fds = {fd: target for fd, target in _fds().items() if before.fds.get(fd) != target}
     if fds:
         found["file descriptors"] = [f"fd {fd} -> {target}" for fd, target in sorted(fds.items())]

@@ -39,7 +39,10 @@ class Augmented(data.Dataset):
 
 
 def seen(batches) -> dict:
-    return {"index": [batch["index"].tolist() for batch in batches], "noise": [batch["noise"].tolist() for batch in batches]}
+    return {
+        "index": [batch["index"].tolist() for batch in batches],
+        "noise": [batch["noise"].tolist() for batch in batches],
+    }
 
 
 def main(out: str) -> None:
@@ -48,7 +51,9 @@ def main(out: str) -> None:
     result: dict = {"ranks": ranks}
 
     # 1. Thread workers: conveyor loads, on this rank's share, with gradient accumulation tracked.
-    loader = data.DataLoader(Augmented(40, True), batch_size=4, shuffle=True, seed=5, num_workers=2, worker_method="thread")
+    loader = data.DataLoader(
+        Augmented(40, True), batch_size=4, shuffle=True, seed=5, num_workers=2, worker_method="thread"
+    )
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)
@@ -57,25 +62,36 @@ def main(out: str) -> None:
     for batch in prepared:
         with accelerator.accumulate(model):
             batches.append(batch)
-            steps.append({
-                "sync": accelerator.sync_gradients,
-                "end": accelerator.gradient_state.end_of_dataloader,
-                "device": batch["index"].device.type == accelerator.device.type,  # (on CPU: "cpu" and "cpu:0")
-                "children": len(multiprocessing.active_children()),
-                "loaded_in": batch["thread"][0],
-            })
-    result["threads"] = {**seen(batches), "steps": steps, "stats": loader.stats().batches,
-                         "prepared_stats": prepared.stats().batches}
+            steps.append(
+                {
+                    "sync": accelerator.sync_gradients,
+                    "end": accelerator.gradient_state.end_of_dataloader,
+                    "device": batch["index"].device.type == accelerator.device.type,  # (on CPU: "cpu" and "cpu:0")
+                    "children": len(multiprocessing.active_children()),
+                    "loaded_in": batch["thread"][0],
+                }
+            )
+    result["threads"] = {
+        **seen(batches),
+        "steps": steps,
+        "stats": loader.stats().batches,
+        "prepared_stats": prepared.stats().batches,
+    }
     shard = data.ShardedSampler(data.BatchSampler(data.RandomSampler(range(40), seed=5), 4, False), ranks, rank)
     alone = data.DataLoader(Augmented(40, True), batch_sampler=shard, seed=5, num_workers=2, worker_method="thread")
     result["threads_alone"] = seen(list(alone))  # the same loader outside accelerate, this rank's batches
 
     # 2. Each rank's share is the one accelerate gives a torch loader (42 samples: the last round is padded).
     ours = accelerator.prepare(data.DataLoader(list(range(42)), batch_size=4))
-    torch_share = accelerate_prepare(tud.DataLoader(list(range(42)), batch_size=4), num_processes=ranks, process_index=rank)
+    torch_share = accelerate_prepare(
+        tud.DataLoader(list(range(42)), batch_size=4), num_processes=ranks, process_index=rank
+    )
     gathered = [accelerator.gather_for_metrics(batch) for batch in ours]  # (drops the last round's padding)
-    result["share"] = {"conveyor": [b.tolist() for b in ours], "torch": [b.tolist() for b in torch_share],
-                       "gathered": torch.cat(gathered).tolist()}
+    result["share"] = {
+        "conveyor": [b.tolist() for b in ours],
+        "torch": [b.tolist() for b in torch_share],
+        "gathered": torch.cat(gathered).tolist(),
+    }
 
     # 3. save_state / load_state mid-epoch, process workers, augmentations from torch's global generator.
     def process_loader() -> AcceleratedDataLoader:

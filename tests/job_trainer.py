@@ -63,13 +63,26 @@ def train(out: str, run: str, resume: str | None = None, stop: bool = False) -> 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2))
     args = TrainingArguments(
-        output_dir=os.path.join(out, run), per_device_train_batch_size=4, gradient_accumulation_steps=2,
-        num_train_epochs=2, learning_rate=1e-2, seed=11, dataloader_num_workers=2, remove_unused_columns=False,
-        save_strategy="steps", save_steps=STOP_AT_STEP, save_only_model=False, logging_steps=1, report_to=[],
-        use_cpu=True, disable_tqdm=True, ddp_backend="gloo",
-    )  # fmt: skip
-    trainer = Recording(model=model, args=args, train_dataset=Tokens(), data_collator=collate,
-                        callbacks=[StopAt()] if stop else [])  # fmt: skip
+        output_dir=os.path.join(out, run),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_train_epochs=2,
+        learning_rate=1e-2,
+        seed=11,
+        dataloader_num_workers=2,
+        remove_unused_columns=False,
+        save_strategy="steps",
+        save_steps=STOP_AT_STEP,
+        save_only_model=False,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        ddp_backend="gloo",
+    )
+    trainer = Recording(
+        model=model, args=args, train_dataset=Tokens(), data_collator=collate, callbacks=[StopAt()] if stop else []
+    )
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 

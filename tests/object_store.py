@@ -16,8 +16,8 @@ purpose. A plain module (bench/store.py imports it too).
 from __future__ import annotations
 
 import http.client
-import re
 import http.server
+import re
 import threading
 import time
 from typing import Callable, Optional
@@ -66,9 +66,12 @@ class ObjectStore:
         server.start()
         host, port = server.get_host_and_port()
         boto3.client(
-            "s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
-            aws_access_key_id="test", aws_secret_access_key="test",
-        ).create_bucket(Bucket=BUCKET)  # fmt: skip
+            "s3",
+            endpoint_url=f"http://{host}:{port}",
+            region_name="us-east-1",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+        ).create_bucket(Bucket=BUCKET)
         store = cls(server, None, host, port)
         proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(store))
         proxy.daemon_threads = True

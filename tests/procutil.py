@@ -219,7 +219,7 @@ def _shm_names_held(pid: int) -> set[str]:
             paths.extend(line.split(None, 5)[-1].rstrip("\n") for line in f if prefix in line)
     except OSError:
         pass
-    return {path[len(prefix):] for path in paths if path.startswith(prefix) and not path.endswith(" (deleted)")}
+    return {path[len(prefix) :] for path in paths if path.startswith(prefix) and not path.endswith(" (deleted)")}
 
 
 def _held_by(pids: Iterable[int]) -> set[str]:
@@ -234,7 +234,7 @@ def _named_after(name: str, family: set[int]) -> bool:
     ``torch_<pid>_<n>``."""
     if not name.startswith(_TORCH_SHM_PREFIX):
         return False
-    pid = name[len(_TORCH_SHM_PREFIX):].split("_", 1)[0]
+    pid = name[len(_TORCH_SHM_PREFIX) :].split("_", 1)[0]
     return pid.isdigit() and int(pid) in family
 
 

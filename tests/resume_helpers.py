@@ -16,13 +16,7 @@ import numpy as np
 import torch
 
 import conveyor.torch as ct
-from conveyor import (
-    DataLoader,
-    DistributedSampler,
-    SubsetRandomSampler,
-    TokenBudgetBatchSampler,
-    WeightedRandomSampler,
-)
+from conveyor import DataLoader, DistributedSampler, SubsetRandomSampler, TokenBudgetBatchSampler, WeightedRandomSampler
 
 #: How long a gated sample waits for the test to open its gate; never asserted.
 PATIENCE_S = 20.0

@@ -18,8 +18,11 @@ from conveyor.shards import ShardDataset
 from conveyor.shards.records import open_shard_writer, write_sample
 
 SHARDS, SAMPLES, SIZE = 2, 40, 16_384
-KINDS = {"0": dict(num_workers=0), "threads": dict(num_workers=2, worker_method="thread"),
-         "fork": dict(num_workers=2, multiprocessing_context="fork")}  # fmt: skip
+KINDS = {
+    "0": dict(num_workers=0),
+    "threads": dict(num_workers=2, worker_method="thread"),
+    "fork": dict(num_workers=2, multiprocessing_context="fork"),
+}
 
 
 def payload(shard: int, n: int, fill: int) -> bytes:

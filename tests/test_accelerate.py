@@ -39,8 +39,18 @@ def _run(tmp_path: Path, ranks: int) -> list[dict]:
     out.mkdir()
     launch = [sys.executable]
     if ranks > 1:
-        launch += ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-                   "--master-port", str(_free_port()), "--monitor-interval", "0.2"]  # fmt: skip
+        launch += [
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(ranks),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+            "--monitor-interval",
+            "0.2",
+        ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
@@ -64,8 +74,9 @@ def test_prepare_keeps_conveyor_per_rank_and_save_state_resumes_exactly(tmp_path
         assert all(step["device"] for step in threads["steps"])
         # Gradient accumulation over 3 batches: a sync every third batch and at the end of the epoch.
         assert [step["end"] for step in threads["steps"]] == [False] * (per_rank - 1) + [True]
-        assert [step["sync"] for step in threads["steps"]] == [(n + 1) % 3 == 0 or n + 1 == per_rank
-                                                              for n in range(per_rank)]  # fmt: skip
+        assert [step["sync"] for step in threads["steps"]] == [
+            (n + 1) % 3 == 0 or n + 1 == per_rank for n in range(per_rank)
+        ]
         # This rank's share is the one accelerate gives torch's loader (padding included).
         assert result["share"]["conveyor"] == result["share"]["torch"]
         assert result["share"]["gathered"] == list(range(42))  # gather_for_metrics: every sample once, in order
@@ -91,7 +102,9 @@ def test_accelerates_own_accelerator_warns_that_it_rebuilds_a_conveyor_loader():
         prepared = accelerate.Accelerator(cpu=True).prepare(loader)
     assert "from conveyor.integrations.accelerate import Accelerator" in str(caught[0].message)
     assert caught[0].filename == __file__  # it points at the line that called prepare
-    assert isinstance(prepared.base_dataloader, tud.DataLoader) and not isinstance(prepared.base_dataloader, data.DataLoader)
+    assert isinstance(prepared.base_dataloader, tud.DataLoader) and not isinstance(
+        prepared.base_dataloader, data.DataLoader
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         accelerate.Accelerator(cpu=True).prepare(tud.DataLoader(list(range(8))))  # torch's own loader: no warning

@@ -36,9 +36,9 @@ import fcntl
 import functools
 import gc
 import json
+import linecache
 import mmap
 import multiprocessing.util
-import linecache
 import os
 import re
 import resource
@@ -59,7 +59,7 @@ import conveyor
 import procutil
 from conveyor._engine.errors import TransportError, WorkerDiedError
 from conveyor._engine.executor.watchdog import StallWarning
-from toy_datasets import Squares, SlowAt1
+from toy_datasets import SlowAt1, Squares
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -241,21 +241,30 @@ def test_a_task_that_cannot_be_pickled_breaks_the_loader_naming_batch_worker_and
     before = procutil.descendants()
     if source == "sampler":
         loader = conveyor.DataLoader(
-            Squares(16), batch_size=2, sampler=SamplerWithLock(16), num_workers=2,
-            multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
+            Squares(16),
+            batch_size=2,
+            sampler=SamplerWithLock(16),
+            num_workers=2,
+            multiprocessing_context=method,
+            worker_init_fn=recorder(tmp_path),
         )
         cause_type, cause_text = TypeError, "cannot pickle '_thread.lock' object"
     else:
         loader = conveyor.DataLoader(
-            Squares(16), batch_sampler=BatchSamplerWithUnpicklable(), num_workers=2,
-            multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
+            Squares(16),
+            batch_sampler=BatchSamplerWithUnpicklable(),
+            num_workers=2,
+            multiprocessing_context=method,
+            worker_init_fn=recorder(tmp_path),
         )
         cause_type, cause_text = ValueError, "this index refuses to be pickled"
     it = iter(loader)
     delivered, err = take_until_error(it, TransportError)
 
     assert isinstance(err, RuntimeError)
-    found = re.search(r"could not send the task of batch 5 \(sample indices \[10, (.+?)\]\) for worker (\d) \(pid (\d+)\)", str(err))
+    found = re.search(
+        r"could not send the task of batch 5 \(sample indices \[10, (.+?)\]\) for worker (\d) \(pid (\d+)\)", str(err)
+    )
     assert found, str(err)
     assert int(found.group(3)) == worker_pid(tmp_path, int(found.group(2)))
     assert isinstance(err.__cause__, cause_type) and cause_text in str(err.__cause__)
@@ -287,19 +296,30 @@ def test_a_result_that_cannot_be_pickled_fails_its_batch_and_iteration_goes_on(t
     does for a per-batch error."""
     before = procutil.descendants()
     loader = conveyor.DataLoader(
-        Ints(10), batch_size=2, num_workers=2, collate_fn=collate_some_unpicklable,
-        multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
+        Ints(10),
+        batch_size=2,
+        num_workers=2,
+        collate_fn=collate_some_unpicklable,
+        multiprocessing_context=method,
+        worker_init_fn=recorder(tmp_path),
     )
     seen = outcomes(iter(loader))
     pids = worker_pids(tmp_path, 2)
 
     assert [s if not isinstance(s, BaseException) else "error" for s in seen] == [
-        [0, 1], "error", [4, 5], "error", [8, 9], "stop"
+        [0, 1],
+        "error",
+        [4, 5],
+        "error",
+        [8, 9],
+        "stop",
     ]
     for err, batch, indices, what in ((seen[1], 1, "[2, 3]", "'_thread.lock'"), (seen[3], 3, "[6, 7]", "'generator'")):
         assert type(err) is TypeError
         text = str(err)
-        found = re.match(r"Caught TypeError in DataLoader worker process (\d) while sending its result to the main process\.", text)
+        found = re.match(
+            r"Caught TypeError in DataLoader worker process (\d) while sending its result to the main process\.", text
+        )
         assert found, text
         wid = int(found.group(1))
         assert f"(conveyor: worker pid {pids[wid]}, batch {batch}, sample indices {indices})" in text
@@ -333,7 +353,9 @@ def collate_unreadable_at_2(samples):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_a_result_that_cannot_be_unpickled_breaks_the_loader_naming_batch_worker_and_cause(tmp_path, monkeypatch, method):
+def test_a_result_that_cannot_be_unpickled_breaks_the_loader_naming_batch_worker_and_cause(
+    tmp_path, monkeypatch, method
+):
     """The result of batch 1 pickles in the worker but raises while the main
     process unpickles it: TransportError "could not read the result of batch
     1 (sample indices [2, 3]) from worker W (pid P)", the unpickling error as
@@ -341,14 +363,20 @@ def test_a_result_that_cannot_be_unpickled_breaks_the_loader_naming_batch_worker
     monkeypatch.setenv(_MAIN_PID_VAR, str(os.getpid()))
     before = procutil.descendants()
     loader = conveyor.DataLoader(
-        Ints(10), batch_size=2, num_workers=2, collate_fn=collate_unreadable_at_2,
-        multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
+        Ints(10),
+        batch_size=2,
+        num_workers=2,
+        collate_fn=collate_unreadable_at_2,
+        multiprocessing_context=method,
+        worker_init_fn=recorder(tmp_path),
     )
     it = iter(loader)
     delivered, err = take_until_error(it, TransportError)
 
     assert delivered in ([], [[0, 1]])
-    found = re.search(r"could not read the result of batch 1 \(sample indices \[2, 3\]\) from worker (\d) \(pid (\d+)\)", str(err))
+    found = re.search(
+        r"could not read the result of batch 1 \(sample indices \[2, 3\]\) from worker (\d) \(pid (\d+)\)", str(err)
+    )
     assert found, str(err)
     assert int(found.group(2)) == worker_pid(tmp_path, int(found.group(1)))
     assert isinstance(err.__cause__, ValueError)
@@ -467,7 +495,10 @@ def test_a_dataset_that_fails_to_unpickle_in_the_worker_raises_its_own_error(met
         next(it)
     err = caught.value
     text = str(err)
-    found = re.match(r"Caught ConfigError in DataLoader worker process (\d)\. \(conveyor: while starting worker (\d), pid (\d+)\)", text)
+    found = re.match(
+        r"Caught ConfigError in DataLoader worker process (\d)\. \(conveyor: while starting worker (\d), pid (\d+)\)",
+        text,
+    )
     assert found, text
     assert found.group(1) == found.group(2) and int(found.group(3)) != os.getpid()
     assert "Original Traceback" in text and "__setstate__" in text and "cannot reopen the dataset" in text
@@ -527,8 +558,12 @@ def test_a_worker_killed_in_the_middle_of_writing_a_result_is_reported(tmp_path,
     worker, its pid and batch 1: no hang on the half-written frame."""
     before = procutil.descendants()
     loader = conveyor.DataLoader(
-        Ints(4), batch_size=1, num_workers=1, collate_fn=collate_big_then_die_at_1,
-        multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
+        Ints(4),
+        batch_size=1,
+        num_workers=1,
+        collate_fn=collate_big_then_die_at_1,
+        multiprocessing_context=method,
+        worker_init_fn=recorder(tmp_path),
     )
     it = iter(loader)
     assert next(it) == [0]
@@ -578,7 +613,10 @@ def test_a_slot_that_cannot_grow_sends_batches_inline_with_one_warning(tmp_path,
     before = procutil.descendants()
     expected = [b.tolist() for b in conveyor.DataLoader(Images(48), batch_size=8)]
     loader = conveyor.DataLoader(
-        Images(48), batch_size=8, num_workers=2, multiprocessing_context=method,
+        Images(48),
+        batch_size=8,
+        num_workers=2,
+        multiprocessing_context=method,
         worker_init_fn=functools.partial(record_then_cap_file_size, str(tmp_path)),
     )
     with warnings.catch_warnings(record=True) as caught:
@@ -657,8 +695,12 @@ def test_many_big_tasks_and_big_inline_results_in_flight_do_not_deadlock(method)
     before = procutil.descendants()
     size, batches = 40_000, 18  # (the window holds 16)
     loader = conveyor.DataLoader(
-        Strings(size * batches), batch_size=size, num_workers=2, prefetch_factor=8,
-        collate_fn=identity, multiprocessing_context=method,
+        Strings(size * batches),
+        batch_size=size,
+        num_workers=2,
+        prefetch_factor=8,
+        collate_fn=identity,
+        multiprocessing_context=method,
     )
     count = 0
     for k, batch in enumerate(loader):
@@ -675,8 +717,7 @@ def test_holding_every_big_batch_sends_the_rest_through_pipes_correctly(method):
     before = procutil.descendants()
     size, batches = 300_000, 10
     loader = conveyor.DataLoader(
-        FastSquares(size * batches), batch_size=size, num_workers=2, prefetch_factor=1,
-        multiprocessing_context=method,
+        FastSquares(size * batches), batch_size=size, num_workers=2, prefetch_factor=1, multiprocessing_context=method
     )
     held = list(loader)
     assert len(held) == batches
@@ -699,8 +740,12 @@ def test_multi_megabyte_tasks_with_multi_megabyte_results_do_not_deadlock(method
     before = procutil.descendants()
     size, batches = 500_000, 12
     loader = conveyor.DataLoader(
-        FastInts(size * batches), batch_sampler=LongBatches(batches, size), num_workers=2,
-        prefetch_factor=4, collate_fn=collate_to_bytes, multiprocessing_context=method,
+        FastInts(size * batches),
+        batch_sampler=LongBatches(batches, size),
+        num_workers=2,
+        prefetch_factor=4,
+        collate_fn=collate_to_bytes,
+        multiprocessing_context=method,
     )
     count = 0
     for k, batch in enumerate(loader):
@@ -820,8 +865,12 @@ def test_user_errors_in_getitem_and_collate_keep_type_context_and_traceback(tmp_
     before = procutil.descendants()
     faults = {2: "BoundaryError", 4: "UnprintableError", 6: "LockedError"}
     loader = conveyor.DataLoader(
-        Faulty(12, faults), batch_size=2, num_workers=2, collate_fn=collate_fails_on_8,
-        multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
+        Faulty(12, faults),
+        batch_size=2,
+        num_workers=2,
+        collate_fn=collate_fails_on_8,
+        multiprocessing_context=method,
+        worker_init_fn=recorder(tmp_path),
     )
     seen = outcomes(iter(loader))
     pids = worker_pids(tmp_path, 2)
@@ -833,7 +882,9 @@ def test_user_errors_in_getitem_and_collate_keep_type_context_and_traceback(tmp_
         found = re.match(rf"Caught {type_name} in DataLoader worker process (\d)\.", text)
         assert found, text
         wid = int(found.group(1))
-        assert f"(conveyor: worker pid {pids[wid]}, batch {batch}, sample indices [{2 * batch}, {2 * batch + 1}])" in text
+        assert (
+            f"(conveyor: worker pid {pids[wid]}, batch {batch}, sample indices [{2 * batch}, {2 * batch + 1}])" in text
+        )
         assert "Original Traceback" in text and f"in {where}" in text
         assert err.worker_id == wid and err.worker_pid == pids[wid]
 
@@ -938,9 +989,15 @@ def test_load_state_dict_raising_in_a_worker_on_resume_reaches_the_user(method):
     for err, batch, wid, position in ((seen[0], 3, 1, 2), (seen[1], 4, 0, 4)):
         assert type(err) is CorruptStateError
         text = str(err)
-        assert text.startswith(f"Caught CorruptStateError in DataLoader worker process {wid}. (conveyor: worker pid "), text
+        assert text.startswith(
+            f"Caught CorruptStateError in DataLoader worker process {wid}. (conveyor: worker pid "
+        ), text
         assert f", batch {batch}, " in text
-        assert "Original Traceback" in text and "in load_state_dict" in text and f"cannot restore position {position}" in text
+        assert (
+            "Original Traceback" in text
+            and "in load_state_dict" in text
+            and f"cannot restore position {position}" in text
+        )
         assert isinstance(err.__cause__, CorruptStateError)
     assert_no_worker_left(before)
 
@@ -973,11 +1030,16 @@ def test_systemexit_and_keyboardinterrupt_in_user_code_end_the_worker_with_a_cle
     before = procutil.descendants()
     code = 7 if kind == "SystemExit" else 130
     if place == "__getitem__":
-        loader = conveyor.DataLoader(EndsWorkerAt1(4, kind), batch_size=1, num_workers=1, multiprocessing_context=method)
+        loader = conveyor.DataLoader(
+            EndsWorkerAt1(4, kind), batch_size=1, num_workers=1, multiprocessing_context=method
+        )
         doing = "while loading batch 1 (sample indices [1])"
     else:
         loader = conveyor.DataLoader(
-            Squares(4), batch_size=1, num_workers=1, multiprocessing_context=method,
+            Squares(4),
+            batch_size=1,
+            num_workers=1,
+            multiprocessing_context=method,
             worker_init_fn=functools.partial(end_in_worker_init, kind),
         )
         doing = "while starting"
@@ -989,7 +1051,9 @@ def test_systemexit_and_keyboardinterrupt_in_user_code_end_the_worker_with_a_cle
     allowed = ([[0]], []) if place == "__getitem__" else ([],)
     assert [b.tolist() for b in delivered] in allowed
     text = str(err)
-    found = re.match(rf"DataLoader worker \(pid\(s\) (\d+)\) exited unexpectedly with exit code {code}: {kind} was raised", text)
+    found = re.match(
+        rf"DataLoader worker \(pid\(s\) (\d+)\) exited unexpectedly with exit code {code}: {kind} was raised", text
+    )
     assert found, text
     assert doing in text and "(conveyor: worker 0)" in text
     assert "Original Traceback" in text and f"in {place if place == '__getitem__' else 'end_in_worker_init'}" in text
@@ -1029,14 +1093,20 @@ def test_a_failing_worker_init_fn_is_reported_as_itself_even_under_cpu_load(cpu_
     repeats, workers = (10, 2) if method == "fork" else (4, 1)
     for _ in range(repeats):
         loader = conveyor.DataLoader(
-            Squares(8), batch_size=2, num_workers=workers, multiprocessing_context=method,
+            Squares(8),
+            batch_size=2,
+            num_workers=workers,
+            multiprocessing_context=method,
             worker_init_fn=fail_in_worker_init,
         )
         it = iter(loader)
         with pytest.raises(BoundaryError) as caught:
             next(it)
         text = str(caught.value)
-        assert re.match(r"Caught BoundaryError in DataLoader worker process (\d)\. \(conveyor: while starting worker \1, pid \d+\)", text), text
+        assert re.match(
+            r"Caught BoundaryError in DataLoader worker process (\d)\. \(conveyor: while starting worker \1, pid \d+\)",
+            text,
+        ), text
         assert "Original Traceback" in text and "in fail_in_worker_init" in text and "cannot set up" in text
         assert_raises_same_again(it, caught.value)
         del it, loader, caught
@@ -1052,8 +1122,12 @@ def test_a_stalled_sample_gives_one_stall_warning_with_the_workers_stack(tmp_pat
     is kept out of the window (the test waits for worker_init_fn first)."""
     before = procutil.descendants()
     loader = conveyor.DataLoader(
-        SlowAt1(4, 1.5), batch_size=1, num_workers=1, stall_warning=0.5,
-        multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
+        SlowAt1(4, 1.5),
+        batch_size=1,
+        num_workers=1,
+        stall_warning=0.5,
+        multiprocessing_context=method,
+        worker_init_fn=recorder(tmp_path),
     )
     it = iter(loader)
     pid = worker_pids(tmp_path, 1)[0]
@@ -1063,7 +1137,8 @@ def test_a_stalled_sample_gives_one_stall_warning_with_the_workers_stack(tmp_pat
     stalls = [w for w in record if issubclass(w.category, StallWarning)]
     assert len(stalls) == 1, [str(w.message) for w in stalls]
     assert (stalls[0].filename, linecache.getline(stalls[0].filename, stalls[0].lineno).strip()) == (
-        __file__, "got = [b.tolist() for b in it]  # (the line the warning points at)"
+        __file__,
+        "got = [b.tolist() for b in it]  # (the line the warning points at)",
     )
     text = str(stalls[0].message)
     assert f"worker 0 (pid {pid}) has been loading batch 1 (sample indices [1])" in text
@@ -1080,8 +1155,12 @@ def test_stall_warning_zero_never_warns(tmp_path, method):
     no StallWarning."""
     before = procutil.descendants()
     loader = conveyor.DataLoader(
-        SlowAt1(3, 1.0), batch_size=1, num_workers=1, stall_warning=0,
-        multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
+        SlowAt1(3, 1.0),
+        batch_size=1,
+        num_workers=1,
+        stall_warning=0,
+        multiprocessing_context=method,
+        worker_init_fn=recorder(tmp_path),
     )
     it = iter(loader)
     worker_pids(tmp_path, 1)
@@ -1157,8 +1236,12 @@ def test_timeout_names_the_batch_the_loop_waits_for_and_the_worker_stuck_on_it(t
     before = procutil.descendants()
     try:
         loader = conveyor.DataLoader(
-            StuckAt1(8, str(tmp_path)), batch_size=1, num_workers=2, timeout=1,
-            multiprocessing_context=method, worker_init_fn=recorder(tmp_path),
+            StuckAt1(8, str(tmp_path)),
+            batch_size=1,
+            num_workers=2,
+            timeout=1,
+            multiprocessing_context=method,
+            worker_init_fn=recorder(tmp_path),
         )
         it = iter(loader)
         worker_pids(tmp_path, 1 if method == "fork" else 2)

@@ -23,10 +23,10 @@ import types
 import pytest
 
 import conveyor
-from conveyor._engine.executor.records import Delivered, Timings
 from conveyor._engine.executor.progress import IterableProgress
-from conveyor._engine.loading.copies import CopyState
+from conveyor._engine.executor.records import Delivered, Timings
 from conveyor._engine.executor.reorder import ReorderBuffer
+from conveyor._engine.loading.copies import CopyState
 from conveyor.state import EpochProgress
 from conveyor.stats import StatsRecorder
 from conveyor.stats.recorder import WINDOW
@@ -169,7 +169,7 @@ def test_a_loader_over_an_endless_stream_keeps_flat_memory():
 
     def run(n: int) -> None:
         while run.done < n:
-            next(batches)
+            next(batches)  # noqa: F821  (a closure over a name deleted below)
             run.done += 1
 
     run.done = 0

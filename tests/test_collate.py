@@ -30,8 +30,8 @@ from torch.utils.data import default_convert as torch_convert
 
 import conveyor.collate as cc
 from conveyor.collate import (
-    Padded,
     PadCollate,
+    Padded,
     TorchPadCollate,
     collate,
     collate_into,
@@ -168,8 +168,20 @@ class Row(collections.UserList):
 # --------------------------------------------------------------------------
 
 NUMPY_DTYPES = [
-    np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
-    np.float16, np.float32, np.float64, np.complex64, np.complex128,
+    np.bool_,
+    np.int8,
+    np.uint8,
+    np.int16,
+    np.uint16,
+    np.int32,
+    np.uint32,
+    np.int64,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.complex64,
+    np.complex128,
 ]
 
 
@@ -358,8 +370,14 @@ def test_default_convert_keeps_numpy():
 
 
 def test_to_torch_is_zero_copy_and_keeps_containers():
-    tree = {"a": np.arange(4), "b": (np.zeros(2), "s"), "c": Padded(np.ones(2), None, None), "d": 3,
-            "e": np.float32(2.0), "f": np.array(["x"])}
+    tree = {
+        "a": np.arange(4),
+        "b": (np.zeros(2), "s"),
+        "c": Padded(np.ones(2), None, None),
+        "d": 3,
+        "e": np.float32(2.0),
+        "f": np.array(["x"]),
+    }
     out = to_torch(tree)
     assert isinstance(out["a"], torch.Tensor)
     out["a"][0] = 42
@@ -456,9 +474,23 @@ def test_unsupported_types_raise_type_error_with_torch_wording(batch, fragment):
 @pytest.mark.parametrize(
     "batch",
     [
-        [1, None], [1, "a"], [1, [2]], [1, {}], [1.0, "a"], [1.0, None], [1.0, 1j], [True, b"x"],
-        [np.float32(1), None], [np.float32(1), "a"], [np.array([1]), None], [torch.zeros(2), 1],
-        [torch.zeros(2), np.zeros(2)], [{"a": 1}, [1]], [[1], 1], [1, 2**63], [np.int64(1), np.uint64(2)],
+        [1, None],
+        [1, "a"],
+        [1, [2]],
+        [1, {}],
+        [1.0, "a"],
+        [1.0, None],
+        [1.0, 1j],
+        [True, b"x"],
+        [np.float32(1), None],
+        [np.float32(1), "a"],
+        [np.array([1]), None],
+        [torch.zeros(2), 1],
+        [torch.zeros(2), np.zeros(2)],
+        [{"a": 1}, [1]],
+        [[1], 1],
+        [1, 2**63],
+        [np.int64(1), np.uint64(2)],
     ],
     ids=repr,
 )
@@ -645,7 +677,10 @@ def test_collate_into_allocates_every_array_through_the_hook():
         made.append(out)
         return out
 
-    batch = [{"x": np.arange(3, dtype=np.int16), "y": 1, "s": "a"}, {"x": np.arange(3, 6, dtype=np.int16), "y": 2, "s": "b"}]
+    batch = [
+        {"x": np.arange(3, dtype=np.int16), "y": 1, "s": "a"},
+        {"x": np.arange(3, 6, dtype=np.int16), "y": 2, "s": "b"},
+    ]
     out = collate_into(batch, allocate)
     assert out["x"] is made[0] and out["y"] is made[1] and len(made) == 2
     assert out["x"].tolist() == [[0, 1, 2], [3, 4, 5]] and out["y"].tolist() == [1, 2]
@@ -697,10 +732,12 @@ def test_pad_without_lengths_or_mask_returns_the_array():
 
 def test_pad_keys_and_per_key_values_with_token_lists():
     pad = PadCollate({"input_ids": 0, "labels": -100}, return_mask=True)
-    out = pad([
-        {"input_ids": [5, 6, 7], "labels": np.array([1, 2, 3]), "pixel": np.zeros(2), "text": "a"},
-        {"input_ids": [8], "labels": np.array([4]), "pixel": np.ones(2), "text": "b"},
-    ])
+    out = pad(
+        [
+            {"input_ids": [5, 6, 7], "labels": np.array([1, 2, 3]), "pixel": np.zeros(2), "text": "a"},
+            {"input_ids": [8], "labels": np.array([4]), "pixel": np.ones(2), "text": "b"},
+        ]
+    )
     assert out["input_ids"].values.tolist() == [[5, 6, 7], [8, 0, 0]]
     assert out["labels"].values.tolist() == [[1, 2, 3], [4, -100, -100]]
     assert isinstance(out["pixel"], np.ndarray) and out["pixel"].shape == (2, 2)  # not padded: not a key
@@ -831,7 +868,18 @@ NT1 = namedtuple("NT1", "a")
 NT2 = namedtuple("NT2", "a b")
 NT3 = namedtuple("NT3", "a b c")
 NAMEDTUPLES = {1: NT1, 2: NT2, 3: NT3}
-TENSOR_DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64, np.complex64]
+TENSOR_DTYPES = [
+    np.bool_,
+    np.uint8,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.complex64,
+]
 
 leaf_schemas = st.one_of(
     st.sampled_from(["int", "float", "bool", "str", "bytes", "mixnum"]),

@@ -12,8 +12,7 @@ from conveyor import CompactList
 
 
 @pytest.mark.parametrize(
-    "items",
-    [["a", "", "émeu", "猫.jpg"], [b"\x00\x01", b"", b"xyz"], [3, -1, 2**62], [1.5, 2, -0.0], []],
+    "items", [["a", "", "émeu", "猫.jpg"], [b"\x00\x01", b"", b"xyz"], [3, -1, 2**62], [1.5, 2, -0.0], []]
 )
 def test_it_reads_like_the_list_it_was_made_from(items):
     compact = CompactList(items)

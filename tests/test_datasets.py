@@ -300,8 +300,10 @@ def test_chain_len_needs_member_len():
         def __iter__(self):
             return iter([1])
 
-    assert_same_error(lambda: len(tud.ChainDataset([TorchCount(0, 1), TorchStream()])),
-                      lambda: len(cd.ChainDataset([TorchCount(0, 1), TorchStream()])))
+    assert_same_error(
+        lambda: len(tud.ChainDataset([TorchCount(0, 1), TorchStream()])),
+        lambda: len(cd.ChainDataset([TorchCount(0, 1), TorchStream()])),
+    )
 
 
 # --- Subset -----------------------------------------------------------------
@@ -377,13 +379,19 @@ def test_random_split_zero_length_warning_matches_torch():
 
 def test_random_split_errors_match_torch():
     gen = torch.Generator().manual_seed(0)
-    assert_same_error(lambda: tud.random_split(range(10), [3, 6], generator=gen),
-                      lambda: cs.random_split(range(10), [3, 6], generator=gen))
-    assert_same_error(lambda: tud.random_split(range(10), [1.5, -0.5], generator=gen),
-                      lambda: cs.random_split(range(10), [1.5, -0.5], generator=gen))
-    assert_same_error(lambda: tud.random_split(range(10), [2.5, 7.5], generator=gen),
-                      lambda: cs.random_split(range(10), [2.5, 7.5], generator=gen),
-                      prefix="random_split lengths must be ints")
+    assert_same_error(
+        lambda: tud.random_split(range(10), [3, 6], generator=gen),
+        lambda: cs.random_split(range(10), [3, 6], generator=gen),
+    )
+    assert_same_error(
+        lambda: tud.random_split(range(10), [1.5, -0.5], generator=gen),
+        lambda: cs.random_split(range(10), [1.5, -0.5], generator=gen),
+    )
+    assert_same_error(
+        lambda: tud.random_split(range(10), [2.5, 7.5], generator=gen),
+        lambda: cs.random_split(range(10), [2.5, 7.5], generator=gen),
+        prefix="random_split lengths must be ints",
+    )
     with pytest.raises(ValueError, match="must not be negative"):
         cs.random_split(range(10), [-1, 11], generator=0)
 

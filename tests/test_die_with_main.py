@@ -54,7 +54,9 @@ def hold_the_gil():
     re.match(r"(a+)+$", "a" * 64 + "b")  # (backtracks for hours; no other thread of this process runs)
 '''
 
-LOADER_SCRIPT = COMMON + '''
+LOADER_SCRIPT = (
+    COMMON
+    + '''
 
 class Blocked:
     def __len__(self):
@@ -112,8 +114,11 @@ if __name__ == "__main__":
         thread.start()
         thread.join()
 '''
+)
 
-PACK_SCRIPT = COMMON + '''
+PACK_SCRIPT = (
+    COMMON
+    + """
 
 class Busy:
     def __len__(self):
@@ -138,7 +143,8 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.exit(main(["pack", f"{os.path.splitext(os.path.basename(__file__))[0]}:make", os.path.join(out, "shards"),
                    "--max-samples", "1", "--workers", "2"]))
-'''
+"""
+)
 
 
 def kill_main_and_wait(tmp_path, script_text, *args, processes=2):
@@ -152,8 +158,13 @@ def kill_main_and_wait(tmp_path, script_text, *args, processes=2):
     out.mkdir()
     env = procutil.script_env()
     with open(tmp_path / "stderr.txt", "w+") as stderr:
-        proc = subprocess.Popen([sys.executable, str(script), str(out), *args], env=env, stdout=subprocess.DEVNULL,
-                                stderr=stderr, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(out), *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + READY_WITHIN_S
             wants_ready = "idle" in args

@@ -76,7 +76,8 @@ SCRIPT = textwrap.dedent(
     elif scenario == "samplers":
         import numpy as np
         weights = [1.0 + (i % 5) for i in range(30)]
-        weighted = data.WeightedRandomSampler(weights, 30, generator=np.random.default_rng(11))  # same draw on every rank
+        # (the same draw on every rank)
+        weighted = data.WeightedRandomSampler(weights, 30, generator=np.random.default_rng(11))
         loader = data.DataLoader(list(range(30)), batch_size=4, num_workers=2, sampler=data.ShardedSampler(weighted))
         seen = []
         for batch in loader:
@@ -136,9 +137,22 @@ def _torchrun(tmp_path, scenario, ranks=2, *args):
     script = out / "job.py"
     script.write_text(SCRIPT)
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-        "--master-port", str(_free_port()), "--monitor-interval", "0.2", str(script), str(out), scenario, *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "--monitor-interval",
+        "0.2",
+        str(script),
+        str(out),
+        scenario,
+        *args,
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, cwd=out, capture_output=True, text=True, timeout=150)
     results = []
@@ -196,14 +210,26 @@ def test_the_documented_example_runs_as_written_and_resumes(tmp_path):
     lines = []
     for extra in ([], ["--resume"]):
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(_free_port()), example, "--out", str(tmp_path), *extra,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+            example,
+            "--out",
+            str(tmp_path),
+            *extra,
+        ]
         done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
         assert done.returncode == 0, done.stderr[-3000:]
         lines.append(done.stdout.strip().splitlines()[-1])
     assert lines[0] == (
-        "2 ranks; training batches on rank 0: 16; stream: 4 batches a rank; evaluation covered 64 samples, each once: True"
+        "2 ranks; training batches on rank 0: 16; stream: 4 batches a rank; evaluation covered 64 samples, each "
+        "once: True"
     )
     assert lines[1].startswith("2 ranks; training batches on rank 0: 4;")  # the rest of the epoch it stopped in
 

@@ -284,7 +284,10 @@ def test_python_m_conveyor_cli_doctor_runs_without_importing_torch_up_front():
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=50)
     done = subprocess.run(
         [sys.executable, "-m", "conveyor.cli", "doctor", "--num-workers", "1"],
-        env=env, capture_output=True, text=True, timeout=50,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
     )
     assert "OK   versions:" in done.stdout
     assert done.returncode == (1 if "\nFAIL " in "\n" + done.stdout else 0), done.stderr

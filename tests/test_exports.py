@@ -11,8 +11,16 @@ import conveyor.torch as ct
 
 # Deprecated in torch (datapipes) or private: deliberately not provided (docs/differences.md).
 NOT_PROVIDED = {
-    "DFIterDataPipe", "DataChunk", "IterDataPipe", "MapDataPipe", "_DatasetKind", "argument_validation",
-    "functional_datapipe", "guaranteed_datapipes_determinism", "non_deterministic", "runtime_validation",
+    "DFIterDataPipe",
+    "DataChunk",
+    "IterDataPipe",
+    "MapDataPipe",
+    "_DatasetKind",
+    "argument_validation",
+    "functional_datapipe",
+    "guaranteed_datapipes_determinism",
+    "non_deterministic",
+    "runtime_validation",
     "runtime_validation_disabled",
 }
 
@@ -36,12 +44,43 @@ def test_core_import_loads_no_framework():
 
 #: The public surface, pinned: a name added or removed is a decision, made here too.
 CORE_NAMES = {
-    "BatchSampler", "ChainDataset", "CompactList", "ConcatDataset", "DataLoader", "Dataset", "DistributedSampler",
-    "IterableDataset", "PadCollate", "RandomSampler", "Sampler", "SequentialSampler", "ShardedIterable", "ShardedSampler",
-    "StackDataset", "StallWarning", "Stateful", "Subset", "SubsetRandomSampler", "TensorDataset",
-    "TokenBudgetBatchSampler", "TransportError", "WeightedRandomSampler", "WorkerDiedError", "WorkerInfo",
-    "default_collate", "default_convert", "derive_seed", "get_worker_info", "random_split", "register_collate",
-    "sample_rng", "SampleRandom", "SkipBudget", "SkippedSample", "BadSampleBudgetExceeded", "RayWorkers",
+    "BatchSampler",
+    "ChainDataset",
+    "CompactList",
+    "ConcatDataset",
+    "DataLoader",
+    "Dataset",
+    "DistributedSampler",
+    "IterableDataset",
+    "PadCollate",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "ShardedIterable",
+    "ShardedSampler",
+    "StackDataset",
+    "StallWarning",
+    "Stateful",
+    "Subset",
+    "SubsetRandomSampler",
+    "TensorDataset",
+    "TokenBudgetBatchSampler",
+    "TransportError",
+    "WeightedRandomSampler",
+    "WorkerDiedError",
+    "WorkerInfo",
+    "default_collate",
+    "default_convert",
+    "derive_seed",
+    "get_worker_info",
+    "random_split",
+    "register_collate",
+    "sample_rng",
+    "SampleRandom",
+    "SkipBudget",
+    "SkippedSample",
+    "BadSampleBudgetExceeded",
+    "RayWorkers",
 }
 
 
@@ -55,8 +94,14 @@ def test_the_shards_and_store_modules_are_pinned_too():
     import conveyor.store
 
     assert set(conveyor.shards.__all__) == {
-        "ShardDataset", "ShardStream", "ShardIndex", "ShardError", "shard_paths", "encode_sample", "decode_member",
-    }  # fmt: skip
+        "ShardDataset",
+        "ShardStream",
+        "ShardIndex",
+        "ShardError",
+        "shard_paths",
+        "encode_sample",
+        "decode_member",
+    }
     assert set(conveyor.store.__all__) == {"Store", "StoreFiles", "worth_retrying"}
     for module in (conveyor.shards, conveyor.store):
         assert all(hasattr(module, name) for name in module.__all__)

@@ -11,8 +11,8 @@ import threading
 import numpy as np
 import pytest
 
-from conveyor.collate import collate_into
 from conveyor._engine.loading.rows import RowPlacer
+from conveyor.collate import collate_into
 
 
 class Writer:

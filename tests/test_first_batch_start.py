@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 
 import conveyor
-from conveyor.collate import register_collate
+import procutil
 from conveyor._engine.executor.dispatch import FIRST_BATCH_FILL_THREADS
 from conveyor._engine.loading.rows import RowPlacer
 from conveyor._engine.transport import slots
 from conveyor._engine.transport.slots import StopFlag
 from conveyor._engine.workers import fleet
-
-import procutil
+from conveyor.collate import register_collate
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,9 +52,12 @@ def new_workers(before: set) -> list[int]:
 def test_under_fork_worker_0_starts_with_the_loader_and_the_others_with_the_first_task(tmp_path):
     before = procutil.pids()
     loader = conveyor.DataLoader(
-        list(range(12)), batch_size=2, num_workers=3, multiprocessing_context="fork",
+        list(range(12)),
+        batch_size=2,
+        num_workers=3,
+        multiprocessing_context="fork",
         worker_init_fn=functools.partial(record_worker, str(tmp_path)),
-    )  # fmt: skip
+    )
     it = iter(loader)
     assert started(tmp_path, 3) == [0]
     assert len(new_workers(before)) == 1  # only worker 0's process so far
@@ -71,9 +73,12 @@ def test_spawned_workers_start_with_the_loader(tmp_path):
     test_pin_memory.py.)"""
     before = procutil.pids()
     loader = conveyor.DataLoader(
-        list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="spawn",
+        list(range(8)),
+        batch_size=2,
+        num_workers=2,
+        multiprocessing_context="spawn",
         worker_init_fn=functools.partial(record_worker, str(tmp_path)),
-    )  # fmt: skip
+    )
     it = iter(loader)
     deadline = time.monotonic() + WAIT_S
     while len(new_workers(before)) < 2 and time.monotonic() < deadline:
@@ -218,9 +223,12 @@ class Images:
 def test_batches_are_the_same_with_the_hold_for_any_number_of_workers(persistent):
     def epochs(workers: int) -> list:
         loader = conveyor.DataLoader(
-            Images(40), batch_size=4, num_workers=workers, multiprocessing_context="fork" if workers else None,
+            Images(40),
+            batch_size=4,
+            num_workers=workers,
+            multiprocessing_context="fork" if workers else None,
             persistent_workers=persistent and workers > 0,
-        )  # fmt: skip
+        )
         return [[(images.tolist(), labels.tolist()) for images, labels in loader] for _ in range(2)]
 
     expected = epochs(0)
@@ -232,7 +240,9 @@ def test_the_workers_start_time_leaves_out_the_wait_between_iter_and_the_first_n
     """worker_start_s counts only the time conveyor spent starting them: all
     of it lies within iter() and the first next(), however long the loop
     waited between the two."""
-    loader = conveyor.DataLoader(list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="fork", collect_stats=True)
+    loader = conveyor.DataLoader(
+        list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="fork", collect_stats=True
+    )
     called = time.perf_counter()
     it = iter(loader)
     in_iter = time.perf_counter() - called
@@ -298,16 +308,21 @@ def start_after_the_first_fill(log_dir: str, worker_id: int) -> None:
     record_worker(log_dir, worker_id)
 
 
-@pytest.mark.skipif(FIRST_BATCH_FILL_THREADS < 2, reason="one core: the first batch fills with one thread and raises no flag")
+@pytest.mark.skipif(
+    FIRST_BATCH_FILL_THREADS < 2, reason="one core: the first batch fills with one thread and raises no flag"
+)
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_another_worker_holds_its_first_batch_until_the_first_is_done(tmp_path, method):
     """Under fork and spawn alike (the flag's page travels to spawned workers):
     worker 1 starts its first batch only once worker 0's is done."""
     log_dir = str(tmp_path)
     loader = conveyor.DataLoader(
-        TimedImages(log_dir), batch_size=2, num_workers=2, multiprocessing_context=method,
+        TimedImages(log_dir),
+        batch_size=2,
+        num_workers=2,
+        multiprocessing_context=method,
         worker_init_fn=functools.partial(start_after_the_first_fill, log_dir),
-    )  # fmt: skip
+    )
     batches = [labels.tolist() for _, labels in loader]
     assert batches == [[0, 1], [2, 3]]
     assert _noted(tmp_path / "get2") >= _noted(tmp_path / "filled0")

@@ -232,7 +232,11 @@ def _epoch(folder: str, **kwargs) -> list:
 def test_batches_are_the_same_for_any_number_and_kind_of_workers(folder):
     inline = _epoch(folder)
     assert len(inline) == 5 and inline[0][0].shape == (5, 3, 64, 64) and inline[0][0].dtype == np.uint8
-    for kwargs in ({"num_workers": 2}, {"num_workers": 3, "worker_method": "thread"}, {"num_workers": 1, "reads_in_flight": 4}):
+    for kwargs in (
+        {"num_workers": 2},
+        {"num_workers": 3, "worker_method": "thread"},
+        {"num_workers": 1, "reads_in_flight": 4},
+    ):
         other = _epoch(folder, **kwargs)
         assert len(other) == len(inline)
         for (a, la), (b, lb) in zip(inline, other):
@@ -282,7 +286,9 @@ def test_pack_stores_large_images_smaller_and_shards_read_them_through_the_same_
     transform = RandomResizedCrop(128)
     stored = crop_of(transform, shrunk["jpg"], Box(30, 40, 240, 300))
     assert psnr(stored, reference(large, Box(90, 120, 720, 900), (128, 128))) >= 30
-    loader = conveyor.DataLoader(ShardDataset(out, transform=lambda s: (transform(s["jpg"]), s["cls"])), batch_size=3, num_workers=2)
+    loader = conveyor.DataLoader(
+        ShardDataset(out, transform=lambda s: (transform(s["jpg"]), s["cls"])), batch_size=3, num_workers=2
+    )
     images, labels = next(iter(loader))
     assert images.shape == (3, 128, 128, 3) and list(labels) == [0, 0, 0]
     assert cli(["pack", str(root), str(tmp_path / "o2"), "--max-samples", "2", "--keep-original"]) == 2

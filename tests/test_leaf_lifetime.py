@@ -86,7 +86,9 @@ def test_kept_labels_their_slices_and_numpy_views_hold_no_slot(method):
     label tensor of each kept (and a slice of one, and a ``.numpy()`` of
     another): none of them lies in a slot, and once the loader is done no
     slot is mapped any more (today each label held its batch's slot)."""
-    loader = ct.DataLoader(ImagesMasksLabels(64 * 30, side=4), batch_size=64, num_workers=2, multiprocessing_context=method)
+    loader = ct.DataLoader(
+        ImagesMasksLabels(64 * 30, side=4), batch_size=64, num_workers=2, multiprocessing_context=method
+    )
     labels, slices, arrays = [], [], []
     in_slots = 0
     for b, batch in enumerate(loader):
@@ -94,7 +96,9 @@ def test_kept_labels_their_slices_and_numpy_views_hold_no_slot(method):
         labels.append(batch["label"])
         slices.append(batch["label"][10:20])
         arrays.append(batch["mask"].numpy())
-        assert not any(in_a_slot(kept) for kept in (labels[-1], slices[-1], arrays[-1])), f"batch {b}'s small leaves lie in its slot"
+        assert not any(in_a_slot(kept) for kept in (labels[-1], slices[-1], arrays[-1])), (
+            f"batch {b}'s small leaves lie in its slot"
+        )
     assert in_slots >= 10, "the images came through the slots, zero-copy"
     del batch
     gc.collect()
@@ -116,7 +120,11 @@ def test_kept_large_leaves_keep_only_their_pages_and_are_never_overwritten(metho
     let go, the slots serve the next epoch right, and a view of a slice kept
     across both epochs' slot reuses is right at the end."""
     loader = ct.DataLoader(
-        ImagesMasksLabels(64 * 40), batch_size=64, num_workers=2, multiprocessing_context=method, persistent_workers=True
+        ImagesMasksLabels(64 * 40),
+        batch_size=64,
+        num_workers=2,
+        multiprocessing_context=method,
+        persistent_workers=True,
     )
     masks, copies = [], []
     for b, batch in enumerate(loader):
@@ -152,9 +160,15 @@ def test_kept_large_leaves_keep_only_their_pages_and_are_never_overwritten(metho
 def test_leaves_of_batches_sent_through_the_pipe_own_their_bytes():
     """Small batches travel pickled through the pipe: each leaf is an array of
     its own, not a view on the message that carried the whole batch."""
-    loader = conveyor.DataLoader(ImagesMasksLabels(8 * 6, side=8), batch_size=8, num_workers=1,
-                                 collate_fn=lambda samples: {"mask": np.stack([s["mask"] for s in samples]),
-                                                             "label": np.array([s["label"] for s in samples])})
+    loader = conveyor.DataLoader(
+        ImagesMasksLabels(8 * 6, side=8),
+        batch_size=8,
+        num_workers=1,
+        collate_fn=lambda samples: {
+            "mask": np.stack([s["mask"] for s in samples]),
+            "label": np.array([s["label"] for s in samples]),
+        },
+    )
     for batch in loader:
         for leaf in batch.values():
             base = leaf
@@ -229,7 +243,9 @@ def test_kept_leaves_let_go_from_another_thread_free_their_slots_once():
     try:
         for epoch in range(2):
             for b, batch in enumerate(loader):
-                assert torch.equal(batch["image"].amin((1, 2, 3)), expected(64 * b, 64).float()), f"wrong bytes in batch {b}"
+                assert torch.equal(batch["image"].amin((1, 2, 3)), expected(64 * b, 64).float()), (
+                    f"wrong bytes in batch {b}"
+                )
                 assert torch.equal(batch["mask"][:, 1, 1], expected(64 * b, 64).to(torch.uint8))
                 handed.put(batch["mask"])
             del batch

@@ -6,7 +6,6 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 import torch.utils.data as tud
 
 import conveyor
@@ -108,7 +107,9 @@ def test_dataset_without_getitem_or_iter_is_rejected():
         conveyor.DataLoader(42)
 
 
-@pytest.mark.parametrize("attr", ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"])
+@pytest.mark.parametrize(
+    "attr", ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"]
+)
 def test_frozen_attributes_after_init(attr):
     loader = ct.DataLoader(Squares(10))
     with pytest.raises(ValueError, match=f"{attr} attribute should not be set after DataLoader is initialized"):
@@ -123,7 +124,9 @@ def test_generic_alias():
 
 
 def test_context_object_accepted():
-    loader = conveyor.DataLoader(Squares(10), num_workers=1, multiprocessing_context=multiprocessing.get_context("spawn"))
+    loader = conveyor.DataLoader(
+        Squares(10), num_workers=1, multiprocessing_context=multiprocessing.get_context("spawn")
+    )
     assert loader.multiprocessing_context.get_start_method() == "spawn"
 
 

@@ -80,7 +80,7 @@ def assert_same(a, b):
 )
 def test_map_dataset_batches_equal_torch(kwargs):
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-    extra = ("shuffle" in kwargs)
+    extra = "shuffle" in kwargs
     theirs = list(tud.DataLoader(Records(), generator=g1 if extra else None, **kwargs))
     ours = list(ct.DataLoader(Records(), generator=g2 if extra else None, **kwargs))
     assert len(ours) == len(theirs)
@@ -88,7 +88,9 @@ def test_map_dataset_batches_equal_torch(kwargs):
         assert_same(a, b)
 
 
-@pytest.mark.parametrize("kwargs", [dict(batch_size=4), dict(batch_size=4, drop_last=True), dict(batch_size=None)], ids=str)
+@pytest.mark.parametrize(
+    "kwargs", [dict(batch_size=4), dict(batch_size=4, drop_last=True), dict(batch_size=None)], ids=str
+)
 def test_iterable_dataset_batches_and_len_equal_torch(kwargs):
     theirs_loader, ours_loader = tud.DataLoader(Stream(length=11), **kwargs), ct.DataLoader(Stream(length=11), **kwargs)
     assert len(ours_loader) == len(theirs_loader)
@@ -99,8 +101,12 @@ def test_iterable_dataset_batches_and_len_equal_torch(kwargs):
 @pytest.mark.parametrize("n, bs, drop", [(10, 3, False), (10, 3, True), (9, 3, False), (1, 5, False), (0, 2, False)])
 def test_len_equals_torch(n, bs, drop):
     data = list(range(n))
-    assert len(ct.DataLoader(data, batch_size=bs, drop_last=drop)) == len(tud.DataLoader(data, batch_size=bs, drop_last=drop))
-    assert len(conveyor.DataLoader(data, batch_size=bs, drop_last=drop)) == len(list(conveyor.DataLoader(data, batch_size=bs, drop_last=drop)))
+    assert len(ct.DataLoader(data, batch_size=bs, drop_last=drop)) == len(
+        tud.DataLoader(data, batch_size=bs, drop_last=drop)
+    )
+    assert len(conveyor.DataLoader(data, batch_size=bs, drop_last=drop)) == len(
+        list(conveyor.DataLoader(data, batch_size=bs, drop_last=drop))
+    )
 
 
 def test_iterable_longer_than_len_warns_like_torch():
@@ -109,7 +115,10 @@ def test_iterable_longer_than_len_warns_like_torch():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         list(loader)
-    assert any("was reported to be 3(when accessing len(dataloader)), but 4 samples have been fetched" in str(w.message) for w in caught)
+    assert any(
+        "was reported to be 3(when accessing len(dataloader)), but 4 samples have been fetched" in str(w.message)
+        for w in caught
+    )
 
 
 def test_shuffle_order_matches_torch_under_global_seed():
@@ -146,8 +155,14 @@ def test_set_epoch_replays_an_epoch():
 
 
 def test_numpy_generator_gives_reproducible_order():
-    a = [b.tolist() for b in conveyor.DataLoader(list(range(12)), batch_size=4, shuffle=True, generator=np.random.default_rng(3))]
-    b = [b.tolist() for b in conveyor.DataLoader(list(range(12)), batch_size=4, shuffle=True, generator=np.random.default_rng(3))]
+    a = [
+        b.tolist()
+        for b in conveyor.DataLoader(list(range(12)), batch_size=4, shuffle=True, generator=np.random.default_rng(3))
+    ]
+    b = [
+        b.tolist()
+        for b in conveyor.DataLoader(list(range(12)), batch_size=4, shuffle=True, generator=np.random.default_rng(3))
+    ]
     assert a == b and sorted(sum(a, [])) == list(range(12))
 
 

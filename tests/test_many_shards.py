@@ -79,8 +79,13 @@ READ = textwrap.dedent("""
 
 def test_every_sample_of_100000_shards_reads_under_a_low_open_file_limit(many):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-c", READ, str(many), "0", "2", "4", "threads"], capture_output=True,
-                          text=True, timeout=800, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", READ, str(many), "0", "2", "4", "threads"],
+        capture_output=True,
+        text=True,
+        timeout=800,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     runs = [json.loads(line) for line in done.stdout.splitlines()]
     assert [run["kind"] for run in runs] == ["0", "2", "4", "threads"], done.stdout

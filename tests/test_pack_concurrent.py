@@ -54,9 +54,14 @@ def files_of(folder) -> dict:
 
 
 def start(args, env=None):
-    return subprocess.Popen([sys.executable, "-c", START, "pack", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", START, "pack", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
 
 
 @pytest.fixture
@@ -105,8 +110,12 @@ def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
     finally:
         os.killpg(killed.pid, signal.SIGKILL)
         killed.communicate()
-    again = subprocess.run([sys.executable, "-c", START, "pack", spec, str(out), "--max-samples", "2", "--workers", "1"],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    again = subprocess.run(
+        [sys.executable, "-c", START, "pack", spec, str(out), "--max-samples", "2", "--workers", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 0, again.stderr
     assert "took over the lock" in again.stderr and "has ended" in again.stderr
     single = tmp_path / "single"
@@ -117,8 +126,18 @@ def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
 def write_lock(out, host, pid, machine, age_s):
     out.mkdir(parents=True, exist_ok=True)
     lock = out / "pack.lock"
-    lock.write_text(json.dumps({"run": "0123456789abcdef", "host": host, "pid": pid, "machine": machine,
-                                "started": "", "since": time.time() - age_s}))  # fmt: skip
+    lock.write_text(
+        json.dumps(
+            {
+                "run": "0123456789abcdef",
+                "host": host,
+                "pid": pid,
+                "machine": machine,
+                "started": "",
+                "since": time.time() - age_s,
+            }
+        )
+    )
     os.utime(lock, (time.time() - age_s, time.time() - age_s))
     return lock
 
@@ -132,16 +151,21 @@ def test_a_stale_lock_from_another_machine_is_taken_over(src, tmp_path, capsys):
 
 
 def test_a_live_holder_is_waited_for_or_refused(src, tmp_path):
-    from conveyor.cli.pack_lock import _machine, _started
     import socket
+
+    from conveyor.cli.pack_lock import _machine, _started
 
     out = tmp_path / "out"
     lock = write_lock(out, socket.gethostname(), os.getpid(), _machine(), age_s=0)
     data = json.loads(lock.read_text())
     data["started"] = _started(os.getpid())
     lock.write_text(json.dumps(data))
-    refused = subprocess.run([sys.executable, "-c", START, "pack", str(src), str(out), "--max-samples", "2",
-                              "--no-wait"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    refused = subprocess.run(
+        [sys.executable, "-c", START, "pack", str(src), str(out), "--max-samples", "2", "--no-wait"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
     assert f"another conveyor pack is at work on {out} (pid {os.getpid()}" in refused.stderr
     waiting = start([src, out, "--max-samples", "2", "--workers", "1"])

@@ -33,14 +33,42 @@ pytestmark = pytest.mark.timeout(120)
 #: Names that pack, as bytes relative to SRC (each a file with bytes of its own, most not UTF-8 text), and links
 #: that stay inside SRC (name -> the file it leads to, relative to the link's folder).
 PACKS = [
-    b"cat/a.jpg", b"cat/a.JPG", b"cat/A.jpg", b"cat/a.b.jpg", b"cat/a.b.JPG", b"cat/x.", b"cat/noext",
-    b"cat/.hidden", b"cat/..dots", b"cat/_under.png", b"cat/./dot-slash.png", b"cat/ sp ace .jpg",
-    b"cat/new\nline.jpg", b"cat/ext.j\npg", b"cat/tab\tname.png", b"cat/caf\xc3\xa9.jpg", b"cat/\xff\xfe.jpg",
-    b"cat/" + b"l" * 240 + b".jpg", b"cat/a.txt", b"cat/a.json", b"cat/a.idx", b"cat/a.npy", b"cat/a.tar.gz",
-    b"cat/-dash.jpg", b"cat/a.JP\xc3\x89", b"cat/a._single",
-    b"Cat/same-but-case.jpg", b"dog house/a.jpg", b".hidden-class/a.png", b"\xff class/a.jpg",
-    b"caf\xc3\xa9/a.jpg", b"new\nline class/a.jpg", b"_x/a.jpg", b"a.b/a.jpg", b"empty-class",
-]  # fmt: skip
+    b"cat/a.jpg",
+    b"cat/a.JPG",
+    b"cat/A.jpg",
+    b"cat/a.b.jpg",
+    b"cat/a.b.JPG",
+    b"cat/x.",
+    b"cat/noext",
+    b"cat/.hidden",
+    b"cat/..dots",
+    b"cat/_under.png",
+    b"cat/./dot-slash.png",
+    b"cat/ sp ace .jpg",
+    b"cat/new\nline.jpg",
+    b"cat/ext.j\npg",
+    b"cat/tab\tname.png",
+    b"cat/caf\xc3\xa9.jpg",
+    b"cat/\xff\xfe.jpg",
+    b"cat/" + b"l" * 240 + b".jpg",
+    b"cat/a.txt",
+    b"cat/a.json",
+    b"cat/a.idx",
+    b"cat/a.npy",
+    b"cat/a.tar.gz",
+    b"cat/-dash.jpg",
+    b"cat/a.JP\xc3\x89",
+    b"cat/a._single",
+    b"Cat/same-but-case.jpg",
+    b"dog house/a.jpg",
+    b".hidden-class/a.png",
+    b"\xff class/a.jpg",
+    b"caf\xc3\xa9/a.jpg",
+    b"new\nline class/a.jpg",
+    b"_x/a.jpg",
+    b"a.b/a.jpg",
+    b"empty-class",
+]
 LINKS_INSIDE = {b"dog house/link.jpg": b"../cat/a.jpg", b"cat/zz-link-same-folder.png": b"_under.png"}
 
 
@@ -79,11 +107,19 @@ def promised(root: bytes) -> dict[tuple[str, str], bytes]:
 def read_back(out: str) -> tuple[dict, dict]:
     """(key, field) -> bytes as ShardDataset reads the shards, and as the webdataset package does."""
     dataset = ShardDataset(out)
-    ours = {(s["__key__"], f): bytes(v) for s in map(dataset.raw, range(len(dataset))) for f, v in s.items()
-            if f != "__key__"}  # fmt: skip
+    ours = {
+        (s["__key__"], f): bytes(v)
+        for s in map(dataset.raw, range(len(dataset)))
+        for f, v in s.items()
+        if f != "__key__"
+    }
     tars = sorted(os.path.join(out, name) for name in os.listdir(out) if name.endswith(".tar"))
-    theirs = {(s["__key__"], f): v for s in wds.WebDataset(tars, shardshuffle=False) for f, v in s.items()
-              if not f.startswith("__")}  # fmt: skip
+    theirs = {
+        (s["__key__"], f): v
+        for s in wds.WebDataset(tars, shardshuffle=False)
+        for f, v in s.items()
+        if not f.startswith("__")
+    }
     return ours, theirs
 
 
@@ -188,8 +224,18 @@ def make_fields() -> list:
 
 #: Fields that pack: a sample's own __key__ is not stored (keys are sample numbers); webdataset lowercases
 #: every extension when it reads (its default), so it reads "JPG" as "jpg".
-FACTORY_PACKS = {"__key__": "my.own key", "seg.png": b"seg", "a__b": b"ab", "JPG": b"upper", ".dot": b"dot",
-                 "x.": b"trail", "sp ace": b"space", "caf\u00e9": b"cafe", "cls": 3, "txt": "text \u00e9"}  # fmt: skip
+FACTORY_PACKS = {
+    "__key__": "my.own key",
+    "seg.png": b"seg",
+    "a__b": b"ab",
+    "JPG": b"upper",
+    ".dot": b"dot",
+    "x.": b"trail",
+    "sp ace": b"space",
+    "caf\u00e9": b"cafe",
+    "cls": 3,
+    "txt": "text \u00e9",
+}
 #: One field more than FACTORY_PACKS, which cannot pack; a word the line says.
 FACTORY_REFUSED = [
     ({"jpg": b"lower"}, "'JPG'"),  # one field with "JPG" to webdataset
@@ -225,10 +271,29 @@ def test_a_factory_field_that_cannot_pack_is_one_line_and_dotted_fields_read_bac
 
 # ------------------------------------------------------------ any tree
 #: Pieces of names: plain, case, dots, spaces, control characters, UTF-8 and bytes that are not UTF-8.
-_PIECES = [b"a", b"B", b"jpg", b"JPG", b"cls", b"txt", b".", b"..", b" ", b"\n", b"_", b"__", b"-", b"\xc3\xa9",
-           b"\xff", b"\xe2\x80\x8b", b"e" * 70]  # fmt: skip
-_name = st.lists(st.sampled_from(_PIECES), min_size=1, max_size=5).map(b"".join).filter(
-    lambda n: n not in (b".", b"..") and len(n) <= 255
+_PIECES = [
+    b"a",
+    b"B",
+    b"jpg",
+    b"JPG",
+    b"cls",
+    b"txt",
+    b".",
+    b"..",
+    b" ",
+    b"\n",
+    b"_",
+    b"__",
+    b"-",
+    b"\xc3\xa9",
+    b"\xff",
+    b"\xe2\x80\x8b",
+    b"e" * 70,
+]
+_name = (
+    st.lists(st.sampled_from(_PIECES), min_size=1, max_size=5)
+    .map(b"".join)
+    .filter(lambda n: n not in (b".", b"..") and len(n) <= 255)
 )
 _KINDS = ["file"] * 12 + ["link-inside"] * 2 + ["folder", "dangling"]
 
@@ -237,8 +302,10 @@ _KINDS = ["file"] * 12 + ["link-inside"] * 2 + ["folder", "dangling"]
 def _trees(draw) -> list:
     """(where: a class folder's name, or b"" for SRC itself; the entry's name; what it is) per entry."""
     classes = draw(st.lists(_name, min_size=1, max_size=3, unique=True))
-    return [(draw(st.sampled_from(classes * 8 + [b""])), draw(_name), draw(st.sampled_from(_KINDS)))
-            for _ in range(draw(st.integers(1, 8)))]  # fmt: skip
+    return [
+        (draw(st.sampled_from(classes * 8 + [b""])), draw(_name), draw(st.sampled_from(_KINDS)))
+        for _ in range(draw(st.integers(1, 8)))
+    ]
 
 
 def _build(root: bytes, entries: list) -> None:

@@ -122,14 +122,16 @@ def inject_failure(name: str, first: str) -> None:
 def run_pack(*args, start_method="fork", fail=None):
     """``conveyor pack ARGS`` in a new process whose writers start by ``start_method``; ``fail``: FAIL_ENV's value."""
     code = (
-        "import sys, conveyor.cli.packing as p; m = sys.argv.pop(1); p.multiprocessing.get_all_start_methods = lambda: [m];"
+        "import sys, conveyor.cli.packing as p; m = sys.argv.pop(1); p.multiprocessing.get_all_start_methods = "
+        "lambda: [m];"
         "from conveyor.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     env = {key: value for key, value in os.environ.items() if key != FAIL_ENV}
     if fail is not None:
         env[FAIL_ENV] = fail
-    return subprocess.run([sys.executable, "-c", code, start_method, "pack", *map(str, args)], capture_output=True,
-                          text=True, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code, start_method, "pack", *map(str, args)], capture_output=True, text=True, env=env
+    )
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])

@@ -31,11 +31,11 @@ import pytest
 import conveyor
 import procutil
 from conveyor._engine import portable
-from conveyor._engine.workers import stacks
 from conveyor._engine.errors import WorkerDiedError
-from conveyor._engine.transport.slots import StopFlag
 from conveyor._engine.executor.watchdog import StallWarning
-from toy_datasets import Squares, SlowAt1
+from conveyor._engine.transport.slots import StopFlag
+from conveyor._engine.workers import stacks
+from toy_datasets import SlowAt1, Squares
 
 #: A hang shows as a failure, never as a stuck suite.
 pytestmark = pytest.mark.timeout(60)
@@ -217,7 +217,9 @@ def test_where_shared_memory_is_sized_once_a_bigger_batch_travels_through_the_pi
 
     expected = [b.tolist() for b in conveyor.DataLoader(Growing(), batch_size=1)]
     monkeypatch.setattr(os, "ftruncate", once)
-    loader = conveyor.DataLoader(Growing(), batch_size=1, num_workers=1, prefetch_factor=1, multiprocessing_context="fork")
+    loader = conveyor.DataLoader(
+        Growing(), batch_size=1, num_workers=1, prefetch_factor=1, multiprocessing_context="fork"
+    )
     with pytest.warns(UserWarning, match="sizes POSIX shared memory once only") as record:
         got = [b.tolist() for b in loader]
     assert got == expected
@@ -227,7 +229,10 @@ def test_where_shared_memory_is_sized_once_a_bigger_batch_travels_through_the_pi
 def test_the_stop_flag_is_seen_by_a_process_that_inherits_it(linux_paths_off):
     flag = StopFlag()
     try:
-        code = "import sys\nfrom conveyor._engine.transport.slots import StopFlag\nsys.exit(0 if StopFlag(int(sys.argv[1])).is_set() else 1)"
+        code = (
+            "import sys\nfrom conveyor._engine.transport.slots import StopFlag\n"
+            "sys.exit(0 if StopFlag(int(sys.argv[1])).is_set() else 1)"
+        )
         run = functools.partial(
             subprocess.run, [sys.executable, "-c", code, str(flag.fd)], pass_fds=(flag.fd,), timeout=WAIT_CAP_S
         )
@@ -244,7 +249,11 @@ def test_a_worker_killed_with_sigkill_is_reported(linux_paths_off, tmp_path, met
     """Under spawn the death is seen through the worker's life pipe: the
     loader's timeout (far longer) would fire instead if it were not."""
     loader = conveyor.DataLoader(
-        Hangs(), batch_size=1, num_workers=1, multiprocessing_context=method, timeout=WAIT_CAP_S,
+        Hangs(),
+        batch_size=1,
+        num_workers=1,
+        multiprocessing_context=method,
+        timeout=WAIT_CAP_S,
         worker_init_fn=functools.partial(record_pid, str(tmp_path)),
     )
     it = iter(loader)
@@ -271,7 +280,11 @@ def test_a_crashed_worker_reports_its_stack_from_the_temporary_file(linux_paths_
 @pytest.mark.parametrize("method", METHODS)
 def test_a_stall_warning_shows_the_stack_asked_for_with_sigusr2(linux_paths_off, tmp_path, method):
     loader = conveyor.DataLoader(
-        SlowAt1(3, 1.5), batch_size=1, num_workers=1, stall_warning=0.5, multiprocessing_context=method,
+        SlowAt1(3, 1.5),
+        batch_size=1,
+        num_workers=1,
+        stall_warning=0.5,
+        multiprocessing_context=method,
         worker_init_fn=functools.partial(record_pid, str(tmp_path)),
     )
     it = iter(loader)
@@ -287,7 +300,7 @@ def test_a_stall_warning_shows_the_stack_asked_for_with_sigusr2(linux_paths_off,
 
 
 # ------------------------------------------------- the main process killed
-KILLED_SCRIPT = '''
+KILLED_SCRIPT = """
 import sys, time
 import numpy as np
 import conveyor
@@ -307,7 +320,7 @@ if __name__ == "__main__":
         if k == 5:
             print("loading", flush=True)
             time.sleep(60)  # killed meanwhile, with slots in use and batches in flight
-'''
+"""
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -341,7 +354,7 @@ def test_nothing_is_left_behind_when_the_main_process_is_killed(tmp_path, method
 
 
 # ------------------------------------------------------------- imports
-STRIP_LINUX = '''
+STRIP_LINUX = """
 import os, signal, sys
 sys.modules["fcntl"] = None  # "import fcntl" now raises ImportError
 for name in ("memfd_create", "pidfd_open", "pipe2", "posix_fallocate"):
@@ -350,9 +363,11 @@ for name in ("memfd_create", "pidfd_open", "pipe2", "posix_fallocate"):
 for name in ("SIGRTMIN", "SIGRTMAX"):
     if hasattr(signal, name):
         delattr(signal, name)
-'''
+"""
 
-STRIP_WINDOWS = STRIP_LINUX + '''
+STRIP_WINDOWS = (
+    STRIP_LINUX
+    + """
 import faulthandler, select
 for name in ("fork", "register_at_fork", "readv", "writev"):
     if hasattr(os, name):
@@ -360,23 +375,25 @@ for name in ("fork", "register_at_fork", "readv", "writev"):
 for name in ("SIGUSR1", "SIGUSR2"):
     delattr(signal, name)
 del faulthandler.register, select.poll
-'''
+"""
+)
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([SRC_DIR, TESTS_DIR] + [p for p in [env.get("PYTHONPATH")] if p])
     env.pop(portable.ENV_VAR, None)
-    return subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=WAIT_CAP_S
-    )
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=WAIT_CAP_S)
 
 
 def test_without_linux_calls_conveyor_imports_and_workers_load_through_the_fallbacks():
     """No fcntl, memfd, pidfd, pipe2, posix_fallocate, real-time signals:
     import works, and so do workers (fork and spawn), through the fallbacks."""
-    code = "import torch\n" + STRIP_LINUX + textwrap.dedent(
-        """
+    code = (
+        "import torch\n"
+        + STRIP_LINUX
+        + textwrap.dedent(
+            """
         import conveyor, conveyor.torch
         from toy_datasets import Squares
         expected = [b.tolist() for b in conveyor.DataLoader(Squares(24), batch_size=4)]
@@ -385,6 +402,7 @@ def test_without_linux_calls_conveyor_imports_and_workers_load_through_the_fallb
             assert [b.tolist() for b in loader] == expected, method
         print("ok")
         """
+        )
     )
     result = run_python(code)
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
@@ -403,10 +421,7 @@ WINDOWS_CHECK = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(
-    "signals",
-    ["posix", "windows"],
-)
+@pytest.mark.parametrize("signals", ["posix", "windows"])
 def test_where_workers_cannot_run_conveyor_imports_loads_in_process_and_says_so(signals):
     """As on Windows: no poll, no fork, no readv/writev, no
     faulthandler.register, no SIGUSR1/2 (and, for "windows", none of the
@@ -414,7 +429,10 @@ def test_where_workers_cannot_run_conveyor_imports_loads_in_process_and_says_so(
     ``num_workers=2`` raises an error that names the way out."""
     strip = STRIP_WINDOWS
     if signals == "windows":
-        strip += "for name in ('SIGKILL', 'SIGBUS', 'SIGCHLD', 'SIGHUP', 'SIGQUIT', 'SIGPIPE', 'SIGALRM'):\n    delattr(signal, name)\n"
+        strip += (
+            "for name in ('SIGKILL', 'SIGBUS', 'SIGCHLD', 'SIGHUP', 'SIGQUIT', 'SIGPIPE', 'SIGALRM'):\n"
+            "    delattr(signal, name)\n"
+        )
     result = run_python("import torch\n" + strip + WINDOWS_CHECK)
     assert result.returncode == 0, result.stderr
     assert "do not run on this platform" in result.stdout and "num_workers=0" in result.stdout, result.stdout

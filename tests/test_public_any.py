@@ -37,9 +37,11 @@ ALLOWED = {
     "PadCollate.__init__:pad_value": "a fill value of the samples' own type, or a mapping of them per key",
     "PadCollate.collate_into:return": "a batch of the user's samples",
     "ShardedIterable.__init__:source": "an iterable or a callable returning one (the user's shards)",
-    "ShardedSampler.__init__:sampler": "any sampler, read by duck typing (state_dict when it has one), as torch's samplers are",
+    "ShardedSampler.__init__:sampler": "any sampler, read by duck typing (state_dict when it has one), as torch's "
+    "samplers are",
     "SkippedSample.__init__:index": USERS,
-    "RayWorkers.__init__:scheduling_strategy": "one of Ray's scheduling strategy objects or names, passed to Ray as it is",
+    "RayWorkers.__init__:scheduling_strategy": "one of Ray's scheduling strategy objects or names, passed to Ray as "
+    "it is",
 }
 
 

@@ -92,7 +92,12 @@ def run(scenario: str, tmp_path) -> dict:
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "RAY_AUTH_MODE": "disabled"}
     done = subprocess.run(
-        [sys.executable, str(script), scenario, str(out)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540
+        [sys.executable, str(script), scenario, str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=540,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     deadline = time.monotonic() + 30.0

@@ -7,8 +7,9 @@ then run at exit after Ray's shutdown, and a loader's with them), and it
 ends with its loader still alive (held by the traceback of the exception
 it ends with), so that the loader is stopped after Ray has shut down at
 exit: stopping its actors then must not start a Ray of its own (each of
-Ray's calls does, when Ray is not running), which nothing would ever stop. It runs in a session of its own; every process of that
-session must be gone once it has ended.
+Ray's calls does, when Ray is not running), which nothing would ever stop.
+It runs in a session of its own; every process of that session must be
+gone once it has ended.
 """
 
 from __future__ import annotations
@@ -68,8 +69,14 @@ def test_a_ray_conveyor_started_leaves_nothing_once_the_script_ends(tmp_path):
     # stderr goes to a file, not a pipe: a process left behind would hold a
     # pipe open and make reading it hang instead of failing the test.
     with open(tmp_path / "stderr.txt", "w") as stderr_file:
-        proc = subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                                stderr=stderr_file, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, str(script)],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr_file,
+            start_new_session=True,
+        )
     try:
         proc.wait(timeout=240)
         stderr = (tmp_path / "stderr.txt").read_text()

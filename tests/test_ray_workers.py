@@ -198,7 +198,9 @@ def test_a_killed_worker_is_reported_with_its_node_and_batch(tmp_path):
     assert "Ray actor" in text and "on node" in text and "was lost" in text
     # Worker 0 loads batches 0 and 2 (sample 9 is in 2); batch 0's answer may
     # have been lost with its process, and then it is the one in hand.
-    assert re.search(r"worker 0 .* loading batch (0 \(sample indices \[0, 1, 2, 3\]|2 \(sample indices \[8, 9, 10, 11\])", text), text
+    assert re.search(
+        r"worker 0 .* loading batch (0 \(sample indices \[0, 1, 2, 3\]|2 \(sample indices \[8, 9, 10, 11\])", text
+    ), text
     with pytest.raises(WorkerDiedError, match="was lost"):  # (the same error, at once)
         next(it)
 
@@ -254,7 +256,9 @@ def test_stats_and_trace_count_the_ray_workers_batches(tmp_path):
     assert 0.0 <= stats.workers_busy_fraction <= 1.0 and 0.0 <= stats.data_wait_fraction <= 1.0
     stats.text()  # (the table and verdict render)
     trace = json.loads((tmp_path / "trace.json").read_text())
-    lanes = {event["args"]["name"].split(" (")[0] for event in trace["traceEvents"] if event.get("name") == "process_name"}
+    lanes = {
+        event["args"]["name"].split(" (")[0] for event in trace["traceEvents"] if event.get("name") == "process_name"
+    }
     assert {"worker 0", "worker 1"} <= lanes
     assert sum(event.get("name") == "fetch" for event in trace["traceEvents"]) == 6
 
@@ -278,16 +282,23 @@ def test_a_worker_ray_cannot_place_fails_naming_what_it_asked_for():
 @pytest.mark.parametrize(
     "make, error, words",
     [
-        (lambda: DataLoader(Augmented(), num_workers=2, worker_method="Ray"), ValueError, "worker_method must be one of"),
+        (
+            lambda: DataLoader(Augmented(), num_workers=2, worker_method="Ray"),
+            ValueError,
+            "worker_method must be one of",
+        ),
         (lambda: RayWorkers(num_cpus="two"), ValueError, "num_cpus"),
         (lambda: RayWorkers(resources=["cpu_node"]), TypeError, "resources"),
         (lambda: RayWorkers(scheduling_strategy="PACK"), ValueError, "SPREAD"),
         (lambda: RayWorkers(restart_lost=-1), ValueError, "restart_lost"),
         (lambda: RayWorkers(writable="no"), TypeError, "writable"),
-        (lambda: DataLoader(Augmented(), num_workers=2, worker_method="ray", multiprocessing_context="spawn"),
-         ValueError, "drop one of them"),
+        (
+            lambda: DataLoader(Augmented(), num_workers=2, worker_method="ray", multiprocessing_context="spawn"),
+            ValueError,
+            "drop one of them",
+        ),
     ],
-)  # fmt: skip
+)
 def test_mistakes_fail_at_construction_naming_the_fix(make, error, words):
     with pytest.raises(error, match=words):
         make()

@@ -65,9 +65,12 @@ def test_reads_overlap_and_batches_are_the_same(num_workers):
 @pytest.mark.parametrize("num_workers, method", [(0, None), (2, "fork"), (2, "spawn")])
 def test_a_failing_read_is_that_batchs_error_and_iteration_goes_on(num_workers, method):
     loader = conveyor.DataLoader(
-        CountsReads(24, fail_at=10), batch_size=8, num_workers=num_workers, reads_in_flight=4,
+        CountsReads(24, fail_at=10),
+        batch_size=8,
+        num_workers=num_workers,
+        reads_in_flight=4,
         multiprocessing_context=method,
-    )  # fmt: skip
+    )
     it = iter(loader)
     assert next(it)[:, 0].tolist() == list(range(8))
     with pytest.raises(KeyError, match="sample 10 is missing"):
@@ -84,7 +87,10 @@ def test_a_pass_left_early_stops_the_reading_threads():
 
 
 def test_torch_facade_and_getitems_datasets():
-    assert [b.tolist() for b in ct.DataLoader(list(range(6)), batch_size=3, reads_in_flight=3)] == [[0, 1, 2], [3, 4, 5]]
+    assert [b.tolist() for b in ct.DataLoader(list(range(6)), batch_size=3, reads_in_flight=3)] == [
+        [0, 1, 2],
+        [3, 4, 5],
+    ]
 
     class Batched:
         def __len__(self):

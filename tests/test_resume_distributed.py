@@ -57,7 +57,9 @@ def _items(batches):
     return [int(i) for batch in batches for i in np.asarray(batch).ravel()]
 
 
-@pytest.mark.parametrize("n, batches, saved_on, loaded_on", [(40, 3, 2, 3), (40, 3, 2, 1), (41, 2, 3, 2), (40, 4, 2, 4), (40, 5, 2, 3)])
+@pytest.mark.parametrize(
+    "n, batches, saved_on, loaded_on", [(40, 3, 2, 3), (40, 3, 2, 1), (41, 2, 3, 2), (40, 4, 2, 4), (40, 5, 2, 3)]
+)
 def test_a_state_saved_on_one_world_size_resumes_on_another(n, batches, saved_on, loaded_on):
     consumed, states = [], []
     for rank in range(saved_on):  # a synchronous job: every rank at the same batch

@@ -10,12 +10,13 @@ import pytest
 import conveyor
 import conveyor.torch as ct
 from conveyor import DataLoader
-from resume_helpers import N, Augmented, make, plain, saved_state, uninterrupted
+from resume_helpers import Augmented, N, make, plain, saved_state, uninterrupted
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 
 # ------------------------------------------------------------- bad input
+
 
 @pytest.mark.parametrize(
     "build, fragment",
@@ -53,8 +54,13 @@ def test_a_truncated_or_edited_state_never_loads():
     truncated = {key: value for key, value in state.items() if key != "delivered_ahead"}
     with pytest.raises(ValueError, match="lacks"):
         make("shuffle-seed").load_state_dict(truncated)
-    for edit in ({"position": 3}, {"epoch": 1}, {"base_seed": state["base_seed"] + 1},
-                 {"delivered_ahead": [5]}, {"sampler": {**state["sampler"], "position": 9}}):
+    for edit in (
+        {"position": 3},
+        {"epoch": 1},
+        {"base_seed": state["base_seed"] + 1},
+        {"delivered_ahead": [5]},
+        {"sampler": {**state["sampler"], "position": 9}},
+    ):
         loader = make("shuffle-seed")
         with pytest.raises(ValueError, match="changed after it was saved"):
             loader.load_state_dict({**state, **edit})
@@ -71,6 +77,7 @@ def test_a_failed_load_changes_nothing():
         loader.load_state_dict({**saved_state(), "checksum": "00000000"})
     assert loader.state_dict() == before
     assert [plain(b) for b in loader] == uninterrupted("shuffle-seed")[0]
+
 
 def test_a_sampler_refusing_its_state_leaves_everything_as_it_was():
     loader = make("shuffle-seed")

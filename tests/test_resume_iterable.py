@@ -289,6 +289,7 @@ def test_iterable_dataset_resumes_with_in_order_false_too(Stream):
     """Each worker's copy is saved as of its own delivered batches, so the
     order batches arrived in does not matter: every item once across the
     interruption."""
+
     def items(batches):
         return [int(x) for b in batches for x in np.asarray(b).reshape(len(b), -1)[:, 0]]
 

@@ -97,7 +97,11 @@ def test_resume_with_persistent_workers_and_a_generator(mid_epoch):
 
     def make_persistent():
         return ct.DataLoader(
-            Augmented(N), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True,
+            Augmented(N),
+            batch_size=4,
+            shuffle=True,
+            num_workers=2,
+            persistent_workers=True,
             generator=torch.Generator().manual_seed(5),
         )
 
@@ -119,6 +123,7 @@ def test_resume_with_persistent_workers_and_a_generator(mid_epoch):
 
 def test_epochs_count_on_without_set_epoch():
     """Without set_epoch the loader counts epochs itself; the state carries the count."""
+
     def loader():
         return DataLoader(Augmented(N), batch_size=4, shuffle=True, seed=11)
 

@@ -73,8 +73,7 @@ CASES = {
     ),
     "conveyor SubsetRandomSampler, indices": (
         lambda changed: _loader(
-            conveyor.SubsetRandomSampler(OTHER_INDICES if changed else INDICES, generator=_numpy_gen()),
-            module=conveyor,
+            conveyor.SubsetRandomSampler(OTHER_INDICES if changed else INDICES, generator=_numpy_gen()), module=conveyor
         ),
         "indices_crc32",
         "SubsetRandomSampler",
@@ -103,7 +102,9 @@ CASES = {
         "WeightedRandomSampler",
     ),
     "conveyor.torch WeightedRandomSampler, weights": (
-        lambda changed: _loader(ct.WeightedRandomSampler(OTHER_WEIGHTS if changed else WEIGHTS, N, generator=_torch_gen())),
+        lambda changed: _loader(
+            ct.WeightedRandomSampler(OTHER_WEIGHTS if changed else WEIGHTS, N, generator=_torch_gen())
+        ),
         "weights_crc32",
         "WeightedRandomSampler",
     ),
@@ -113,7 +114,9 @@ CASES = {
         "SubsetRandomSampler",
     ),
     "torch's WeightedRandomSampler, weights": (
-        lambda changed: _loader(tud.WeightedRandomSampler(OTHER_WEIGHTS if changed else WEIGHTS, N, generator=_torch_gen())),
+        lambda changed: _loader(
+            tud.WeightedRandomSampler(OTHER_WEIGHTS if changed else WEIGHTS, N, generator=_torch_gen())
+        ),
         "WeightedRandomSampler.weights_crc32",
         "WeightedRandomSampler",
     ),

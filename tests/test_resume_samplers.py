@@ -110,7 +110,12 @@ def _resume_in_second_epoch(kind, num_workers):
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize(
     "kind",
-    ["stateful sampler", "stateful batch_sampler", "torch RandomSampler with a generator", "torch BatchSampler over it"],
+    [
+        "stateful sampler",
+        "stateful batch_sampler",
+        "torch RandomSampler with a generator",
+        "torch BatchSampler over it",
+    ],
 )
 def test_the_users_own_sampler_resumes_exactly(kind, num_workers):
     expected, seen = _resume_in_second_epoch(kind, num_workers)

@@ -80,7 +80,9 @@ def test_state_is_small_plain_json_with_version_and_checksum():
         state = loader.state_dict()
         text = json.dumps(state)
         assert json.loads(text) == state, name
-        assert state["version"] == conveyor.state.STATE_VERSION and state["kind"] == "DataLoader" and "checksum" in state
+        assert (
+            state["version"] == conveyor.state.STATE_VERSION and state["kind"] == "DataLoader" and "checksum" in state
+        )
         # torch generator states are 5 kB (base64); the rest is a few hundred bytes
         assert len(text) < (16_000 if "torch" in name or name == "subset" else 2_000), (name, len(text))
 
@@ -111,8 +113,10 @@ def test_state_goes_into_a_torch_checkpoint(tmp_path):
     loader = make("shuffle-torch-generator")
     it = iter(loader)
     next(it), next(it)
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict()},
-               tmp_path / "ckpt.pt")
+    torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict()},
+        tmp_path / "ckpt.pt",
+    )
     checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     resumed = make("shuffle-torch-generator", other=True)
     resumed.load_state_dict(checkpoint["loader"])
@@ -171,4 +175,3 @@ def test_set_epoch_after_loading_another_epoch_warns_once():
     fresh = DataLoader(list(range(20)), batch_size=4, shuffle=True, seed=1)
     fresh.set_epoch(3)
     assert [b.tolist() for b in resumed] == [b.tolist() for b in fresh]
-

@@ -8,7 +8,7 @@ import torch
 
 import conveyor
 import conveyor.torch as ct
-from resume_helpers import N, Augmented, make, plain, torch_saved, uninterrupted
+from resume_helpers import Augmented, N, make, plain, torch_saved, uninterrupted
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -30,8 +30,9 @@ def torchdata_style_run(StatefulDataLoader, shuffle):
     data = ct.TensorDataset(torch.arange(50))
 
     def build():
-        return StatefulDataLoader(data, batch_size=4, shuffle=shuffle, generator=torch.Generator().manual_seed(3),
-                                  snapshot_every_n_steps=1)
+        return StatefulDataLoader(
+            data, batch_size=4, shuffle=shuffle, generator=torch.Generator().manual_seed(3), snapshot_every_n_steps=1
+        )
 
     loader = build()
     uninterrupted = [[b[0].tolist() for b in loader] for _ in range(2)]
@@ -70,4 +71,3 @@ def test_torchdata_states_and_empty_states():
         loader.load_state_dict({"_snapshot": {}, "_steps_since_snapshot": 0})
     loader.load_state_dict({})  # torchdata's "nothing to load"
     assert [plain(b) for b in loader] == uninterrupted("shuffle-seed")[0]
-

@@ -24,8 +24,8 @@ from conveyor import rng
 from conveyor.loader import _InfiniteConstantSampler
 from conveyor.sampler import BatchSampler, RandomSampler
 from conveyor.state import ResumeTracker
-from conveyor.state_records import Copies
 from conveyor.state_format import STATE_VERSION, LoaderView, checksum, settings
+from conveyor.state_records import Copies
 
 N = 10
 BATCH = 4
@@ -53,8 +53,12 @@ def shuffled(seed=SEED, batch_size=BATCH, generator=None):
     """The view of ``DataLoader(range(N), batch_size, shuffle=True, seed=seed)`` (or ``generator=``)."""
     data = list(range(N))
     inner = RandomSampler(data, generator=generator, seed=seed if generator is None else None)
-    return view_of(BatchSampler(inner, batch_size, False), seed=seed if generator is None else None,
-                   generator=generator, batch_size=batch_size)
+    return view_of(
+        BatchSampler(inner, batch_size, False),
+        seed=seed if generator is None else None,
+        generator=generator,
+        batch_size=batch_size,
+    )
 
 
 class Pass:
@@ -348,8 +352,11 @@ def test_between_epochs_an_iterable_datasets_own_state_is_saved_and_loaded_with_
 def test_an_iterable_datasets_copies_go_in_the_state_and_come_back_at_the_next_begin():
     tracker, view = ResumeTracker(), iterable_view(Counter())
     progress = tracker.begin(view).progress
-    copies = {"states": [{"dataset_state": {"passes": 1}, "iterator_state": None, "iterator_ended": False,
-                          "served": 1}], "retired": [], "next": 0}
+    copies = {
+        "states": [{"dataset_state": {"passes": 1}, "iterator_state": None, "iterator_ended": False, "served": 1}],
+        "retired": [],
+        "next": 0,
+    }
     progress.copies = Copies.of(copies)  # (as the executor reports them)
     progress.delivered(0)
     state = tracker.save(view)

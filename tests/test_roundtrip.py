@@ -80,39 +80,49 @@ INDEX_SAMPLERS = {
     "RandomSampler, torch's global generator": (global_torch(lambda: ct.RandomSampler(DATA)), {"epochs": 1}),
     "RandomSampler, replacement": (lambda: RandomSampler(DATA, replacement=True, num_samples=40, seed=3), {}),
     "RandomSampler, num_samples past the data": (
-        lambda: RandomSampler(DATA, num_samples=16, generator=np.random.default_rng(4)), {},
+        lambda: RandomSampler(DATA, num_samples=16, generator=np.random.default_rng(4)),
+        {},
     ),
     "SubsetRandomSampler, numpy generator": (
-        lambda: SubsetRandomSampler([1, 3, 4, 6, 9], generator=np.random.default_rng(4)), {},
+        lambda: SubsetRandomSampler([1, 3, 4, 6, 9], generator=np.random.default_rng(4)),
+        {},
     ),
     "SubsetRandomSampler, torch generator": (
-        lambda: SubsetRandomSampler([1, 3, 4, 6, 9], generator=torch.Generator().manual_seed(4)), {},
+        lambda: SubsetRandomSampler([1, 3, 4, 6, 9], generator=torch.Generator().manual_seed(4)),
+        {},
     ),
     "WeightedRandomSampler, with replacement": (
-        lambda: WeightedRandomSampler(WEIGHTS, 9, generator=np.random.default_rng(4)), {},
+        lambda: WeightedRandomSampler(WEIGHTS, 9, generator=np.random.default_rng(4)),
+        {},
     ),
     "WeightedRandomSampler, without replacement": (
-        lambda: WeightedRandomSampler(WEIGHTS, 5, replacement=False, generator=torch.Generator().manual_seed(4)), {},
+        lambda: WeightedRandomSampler(WEIGHTS, 5, replacement=False, generator=torch.Generator().manual_seed(4)),
+        {},
     ),
     "DistributedSampler": (lambda: DistributedSampler(DATA, num_replicas=2, rank=1, seed=3), {"set_epoch": True}),
     "DistributedSampler, drop_last, no set_epoch": (
-        lambda: DistributedSampler(DATA, num_replicas=3, rank=0, seed=3, drop_last=True), {},
+        lambda: DistributedSampler(DATA, num_replicas=3, rank=0, seed=3, drop_last=True),
+        {},
     ),
     "DistributedSampler, even=False": (
-        lambda: DistributedSampler(DATA, num_replicas=2, rank=1, seed=3, even=False), {"set_epoch": True},
+        lambda: DistributedSampler(DATA, num_replicas=2, rank=1, seed=3, even=False),
+        {"set_epoch": True},
     ),
     "ShardedSampler over WeightedRandomSampler": (
-        lambda: ShardedSampler(WeightedRandomSampler(WEIGHTS, 9, generator=np.random.default_rng(4)), 2, 1), {},
+        lambda: ShardedSampler(WeightedRandomSampler(WEIGHTS, 9, generator=np.random.default_rng(4)), 2, 1),
+        {},
     ),
 }
 
 BATCH_SAMPLERS = {
     "TokenBudgetBatchSampler": (lambda: TokenBudgetBatchSampler(LENGTHS, max_tokens=20, seed=2, pool_size=5), {}),
     "TokenBudgetBatchSampler, 2 ranks, set_epoch": (
-        lambda: TokenBudgetBatchSampler(LENGTHS, max_tokens=20, seed=2, num_replicas=2, rank=1), {"set_epoch": True},
+        lambda: TokenBudgetBatchSampler(LENGTHS, max_tokens=20, seed=2, num_replicas=2, rank=1),
+        {"set_epoch": True},
     ),
     "ShardedSampler over TokenBudgetBatchSampler, even=None": (
-        lambda: ShardedSampler(TokenBudgetBatchSampler(LENGTHS, max_tokens=20, seed=2), 2, 0, even=None), {},
+        lambda: ShardedSampler(TokenBudgetBatchSampler(LENGTHS, max_tokens=20, seed=2), 2, 0, even=None),
+        {},
     ),
     "BatchSampler(SequentialSampler), drop_last": (lambda: BatchSampler(SequentialSampler(DATA), 3, True), {}),
     **{
@@ -188,14 +198,14 @@ LOADERS = {
     "map-style, seed=": lambda: DataLoader(Augmented(10), batch_size=3, shuffle=True, seed=7),
     "map-style, seed=, threads": lambda: DataLoader(Drawn(10), batch_size=3, shuffle=True, seed=7, **THREADS),
     "map-style, torch generator": lambda: ct.DataLoader(
-        Augmented(10), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(5),
+        Augmented(10), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(5)
     ),
     "map-style, numpy generator, threads": lambda: DataLoader(
-        Drawn(10), batch_size=4, shuffle=True, generator=np.random.default_rng(5), **THREADS,
+        Drawn(10), batch_size=4, shuffle=True, generator=np.random.default_rng(5), **THREADS
     ),
     "map-style, batch_size=None": lambda: DataLoader(Augmented(5), batch_size=None, shuffle=True, seed=7),
     "map-style, TokenBudgetBatchSampler, threads": lambda: DataLoader(
-        Drawn(13), batch_sampler=TokenBudgetBatchSampler(LENGTHS, max_tokens=20, seed=2), seed=7, **THREADS,
+        Drawn(13), batch_sampler=TokenBudgetBatchSampler(LENGTHS, max_tokens=20, seed=2), seed=7, **THREADS
     ),
     "iterable": lambda: DataLoader(Numbered(), batch_size=2, seed=3),
     "iterable, threads": lambda: DataLoader(Numbered(), batch_size=2, seed=3, **THREADS),

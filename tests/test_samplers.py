@@ -655,9 +655,17 @@ def test_a_batch_sampler_saved_after_the_batch_that_ended_its_inner_sampler_resu
         (lambda: RandomSampler(range(10), seed=0), lambda: SequentialSampler(range(10)), "kind='RandomSampler'"),
         (lambda: RandomSampler(range(10), seed=0), lambda: RandomSampler(range(11), seed=0), "dataset_length=10"),
         (lambda: RandomSampler(range(10), seed=0), lambda: RandomSampler(range(10), seed=1), "seed=0"),
-        (lambda: RandomSampler(range(10), seed=0), lambda: RandomSampler(range(10), num_samples=5, seed=0), "num_samples"),
+        (
+            lambda: RandomSampler(range(10), seed=0),
+            lambda: RandomSampler(range(10), num_samples=5, seed=0),
+            "num_samples",
+        ),
         (lambda: RandomSampler(range(10), generator=np_gen(0)), lambda: RandomSampler(range(10)), "generator='numpy'"),
-        (lambda: RandomSampler(range(10)), lambda: RandomSampler(range(10), generator=torch_gen(0)), "generator='global'"),
+        (
+            lambda: RandomSampler(range(10)),
+            lambda: RandomSampler(range(10), generator=torch_gen(0)),
+            "generator='global'",
+        ),
         (lambda: RandomSampler(range(10)), lambda: torch_flavour(RandomSampler)(range(10)), "flavor='numpy'"),
         (lambda: BatchSampler(range(10), 3, False), lambda: BatchSampler(range(10), 4, False), "batch_size=3"),
         (lambda: DistributedSampler(range(10), 2, 0), lambda: DistributedSampler(range(10), 3, 0), "num_replicas=2"),
@@ -741,14 +749,16 @@ def test_distributed_even_false_sees_every_sample_once_for_evaluation(n, replica
 
     for module in (conveyor, ct):
         shares = [
-            list(module.DistributedSampler(range(n), num_replicas=replicas, rank=r, shuffle=shuffle, seed=3, even=False))
+            list(
+                module.DistributedSampler(range(n), num_replicas=replicas, rank=r, shuffle=shuffle, seed=3, even=False)
+            )
             for r in range(replicas)
         ]
         assert sorted(i for share in shares for i in share) == list(range(n))  # no padded duplicates
         assert max(map(len, shares)) - min(map(len, shares)) <= 1
-        assert [len(module.DistributedSampler(range(n), num_replicas=replicas, rank=r, even=False)) for r in range(replicas)] == [
-            len(share) for share in shares
-        ]
+        assert [
+            len(module.DistributedSampler(range(n), num_replicas=replicas, rank=r, even=False)) for r in range(replicas)
+        ] == [len(share) for share in shares]
 
 
 def test_distributed_even_false_rejects_drop_last_and_non_bools():
@@ -773,7 +783,9 @@ def test_distributed_even_false_resumes_mid_epoch():
 
 
 def _shares(make_sampler, replicas, even):
-    return [list(conveyor.ShardedSampler(make_sampler(), num_replicas=replicas, rank=r, even=even)) for r in range(replicas)]
+    return [
+        list(conveyor.ShardedSampler(make_sampler(), num_replicas=replicas, rank=r, even=even)) for r in range(replicas)
+    ]
 
 
 @pytest.mark.parametrize("even", ["pad", "drop", None])
@@ -797,7 +809,9 @@ def test_sharded_sampler_shares_out_whole_batches_of_a_batch_sampler():
     batches = list(make())
     shares = _shares(make, 2, None)
     assert sorted(map(tuple, shares[0] + shares[1])) == sorted(map(tuple, batches))
-    loader = conveyor.DataLoader(list(range(10)), batch_sampler=conveyor.ShardedSampler(make(), num_replicas=2, rank=1, even=None))
+    loader = conveyor.DataLoader(
+        list(range(10)), batch_sampler=conveyor.ShardedSampler(make(), num_replicas=2, rank=1, even=None)
+    )
     assert [b.tolist() for b in loader] == shares[1]
 
 

@@ -34,10 +34,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import conveyor  # noqa: E402
-from resume_helpers import NAMES, make, plain  # noqa: E402
 from conveyor.sampler.fingerprint import is_fingerprint  # noqa: E402
 from conveyor.state_format import checksum  # noqa: E402
 from conveyor.state_upgrade import is_early_v2, upgrade  # noqa: E402
+from resume_helpers import NAMES, make, plain  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -117,16 +117,19 @@ def digest(batch):
 
 
 CASES = {
-    **{
-        f"{name}-0-workers": {"kind": "map", "name": name, "workers": 0, "epoch": 1, "position": 2}
-        for name in NAMES
-    },
+    **{f"{name}-0-workers": {"kind": "map", "name": name, "workers": 0, "epoch": 1, "position": 2} for name in NAMES},
     "shuffle-seed-2-workers": {"kind": "map", "name": "shuffle-seed", "workers": 2, "epoch": 1, "position": 3},
     "shuffle-seed-before-first-batch": {"kind": "map", "name": "shuffle-seed", "workers": 2, "epoch": 1, "position": 0},
     "distributed-2-workers": {"kind": "map", "name": "distributed", "workers": 2, "epoch": 0, "position": 2},
     "stream-0-workers": {"kind": "iterable", "name": "stream", "workers": 0, "epoch": 1, "position": 3},
     "stream-2-workers": {"kind": "iterable", "name": "stream", "workers": 2, "epoch": 1, "position": 3},
-    "stateful-stream-2-workers": {"kind": "iterable", "name": "stateful-stream", "workers": 2, "epoch": 0, "position": 4},
+    "stateful-stream-2-workers": {
+        "kind": "iterable",
+        "name": "stateful-stream",
+        "workers": 2,
+        "epoch": 0,
+        "position": 4,
+    },
 }
 
 

@@ -164,7 +164,12 @@ def run_script(tmp_path, method: str) -> dict:
     out = tmp_path / "report.json"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
-        [sys.executable, str(script), method, str(out)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=200
+        [sys.executable, str(script), method, str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=200,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())

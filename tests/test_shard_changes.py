@@ -27,8 +27,9 @@ JOB = os.path.join(os.path.dirname(__file__), "shard_changes_job.py")
 @pytest.mark.parametrize("how", ["truncate", "rewrite"])
 def test_a_shard_changed_while_a_loader_reads_it_is_a_shard_error(tmp_path, how, kind):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, JOB, str(tmp_path / "shards"), how, kind], capture_output=True, text=True,
-                          timeout=150, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, JOB, str(tmp_path / "shards"), how, kind], capture_output=True, text=True, timeout=150, env=env
+    )
     assert done.returncode == 0, f"the reader died ({done.returncode}): {done.stderr[-2000:]}"
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["error"] == "ShardError" and "shard-000000.tar" in result["message"], result

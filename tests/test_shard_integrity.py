@@ -210,7 +210,9 @@ def test_a_malformed_index_is_one_clear_error_naming_it(packed, kind):
 
 
 # ---------------------------------------------------------------- manifests
-@pytest.mark.parametrize("name", ["../other/shard-000000.tar", "/ABS/shard-000000.tar", "a/../../other/shard-000000.tar"])
+@pytest.mark.parametrize(
+    "name", ["../other/shard-000000.tar", "/ABS/shard-000000.tar", "a/../../other/shard-000000.tar"]
+)
 def test_a_manifest_cannot_name_a_shard_outside_its_folder(packed, tmp_path, name, capsys):
     other = tmp_path / "other"
     shutil.copytree(packed, other)

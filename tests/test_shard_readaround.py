@@ -8,8 +8,7 @@ import os
 
 import pytest
 
-from conveyor.shards import ShardDataset
-from conveyor.shards import readaround
+from conveyor.shards import ShardDataset, readaround
 from conveyor.shards.readaround import GIVE_UP, ReadAround
 from conveyor.shards.records import open_shard_writer, write_sample
 

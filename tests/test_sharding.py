@@ -103,10 +103,17 @@ def _rank_batches(n, replicas, workers, batch_size, even, drop_last=False):
     return out
 
 
-@pytest.mark.parametrize("n, replicas, workers, batch_size, drop_last", [
-    (10, 3, 0, 2, False), (10, 3, 2, 2, False), (23, 2, 2, 4, False), (23, 4, 2, 3, True), (5, 3, 2, 4, False),
-    (2, 3, 2, 1, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "n, replicas, workers, batch_size, drop_last",
+    [
+        (10, 3, 0, 2, False),
+        (10, 3, 2, 2, False),
+        (23, 2, 2, 4, False),
+        (23, 4, 2, 3, True),
+        (5, 3, 2, 4, False),
+        (2, 3, 2, 1, False),
+    ],
+)
 @pytest.mark.parametrize("even", ["drop", "pad"])
 def test_even_gives_every_rank_as_many_batches(n, replicas, workers, batch_size, drop_last, even):
     per_rank = _rank_batches(n, replicas, workers, batch_size, even, drop_last)

@@ -46,7 +46,11 @@ def expected_samples(root):
 
 
 def digests(out):
-    return {p: hashlib.sha256(open(os.path.join(out, p), "rb").read()).hexdigest() for p in sorted(os.listdir(out)) if p.endswith(".tar")}
+    return {
+        p: hashlib.sha256(open(os.path.join(out, p), "rb").read()).hexdigest()
+        for p in sorted(os.listdir(out))
+        if p.endswith(".tar")
+    }
 
 
 def test_a_folder_packs_into_bounded_deterministic_shards_that_read_back(folder, tmp_path, capsys):
@@ -129,15 +133,28 @@ def test_a_dataset_from_a_factory_packs_and_decodes(tmp_path):
         assert sample["cls"] == i % 4 and sample["txt"] == f"sample {i}"
 
 
-@pytest.mark.parametrize("kind", [dict(num_workers=0), dict(num_workers=2), dict(num_workers=2, worker_method="thread"),
-                                  dict(num_workers=1, multiprocessing_context="spawn")], ids=["0", "2", "threads", "spawn"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        dict(num_workers=0),
+        dict(num_workers=2),
+        dict(num_workers=2, worker_method="thread"),
+        dict(num_workers=1, multiprocessing_context="spawn"),
+    ],
+    ids=["0", "2", "threads", "spawn"],
+)
 def test_shuffled_batches_are_the_same_for_any_workers(folder, tmp_path, kind):
     out = tmp_path / "out"
     cli(["pack", str(folder), str(out), "--max-samples", "6"])
-    dataset = ShardDataset(out, transform=lambda s: (s["__key__"], s["cls"])) if not kind.get("multiprocessing_context") \
-        else ShardDataset(out)  # (a lambda does not pickle for spawn)
+    dataset = (
+        ShardDataset(out, transform=lambda s: (s["__key__"], s["cls"]))
+        if not kind.get("multiprocessing_context")
+        else ShardDataset(out)
+    )  # (a lambda does not pickle for spawn)
     keys = lambda batch: [s[0] if isinstance(s, tuple) else s["__key__"] for s in batch]  # noqa: E731
-    base = [keys(b) for b in conveyor.DataLoader(ShardDataset(out), batch_size=4, shuffle=True, seed=1, collate_fn=list)]
+    base = [
+        keys(b) for b in conveyor.DataLoader(ShardDataset(out), batch_size=4, shuffle=True, seed=1, collate_fn=list)
+    ]
     got = [keys(b) for b in conveyor.DataLoader(dataset, batch_size=4, shuffle=True, seed=1, collate_fn=list, **kind)]
     assert got == base and sorted(k for b in got for k in b) == [f"{i:09d}" for i in range(23)]
 
@@ -195,8 +212,14 @@ def test_a_shuffled_epoch_over_shards_resumes_exactly(folder, tmp_path):
     cli(["pack", str(folder), str(out), "--max-samples", "6"])
 
     def loader():
-        return conveyor.DataLoader(ShardDataset(out, transform=lambda s: s["__key__"]), batch_size=3, shuffle=True,
-                                   seed=4, num_workers=2, collate_fn=list)  # fmt: skip
+        return conveyor.DataLoader(
+            ShardDataset(out, transform=lambda s: s["__key__"]),
+            batch_size=3,
+            shuffle=True,
+            seed=4,
+            num_workers=2,
+            collate_fn=list,
+        )
 
     full, head, state, rest = interrupted_and_resumed(loader, 3)
     assert head + rest == full

@@ -100,7 +100,7 @@ def test_states_saved_by_a_signal_storm_resume_exactly(workers):
         resumed.load_state_dict(state)
         rest = [firsts(batch) for batch in resumed]
         if state["in_epoch"]:
-            assert rest == epochs[epoch][state["position"]:]
+            assert rest == epochs[epoch][state["position"] :]
         else:  # (between epochs: the next epoch as it was)
             assert rest == epochs[state["epoch"]]
 
@@ -171,6 +171,7 @@ def test_an_exception_raised_into_next_never_loses_repeats_or_hangs(workers, rai
                     armed["on"] = False
                 got.append(firsts(batch))
             assert got == expected
-    # (one raised inside a finalizer the garbage collector ran, an earlier pass's, is Python's to print, not ours to raise)
+    # (one raised inside a finalizer the garbage collector ran, an earlier pass's, is Python's to print, not ours
+    # to raise)
     assert armed["count"] >= 3 and 1 <= len(caught) <= armed["count"]
     assert [firsts(batch) for batch in loader] == [firsts(batch) for batch in reference]  # (and a new pass works)

@@ -102,7 +102,10 @@ def test_a_fraction_of_the_epoch():
 
 def test_only_the_budget_s_exception_types_are_skipped():
     loader = DataLoader(
-        Corrupt(bad=(3,), missing=(9,)), batch_size=4, num_workers=2, skip_bad_samples=SkipBudget(count=5, errors=(OSError,))
+        Corrupt(bad=(3,), missing=(9,)),
+        batch_size=4,
+        num_workers=2,
+        skip_bad_samples=SkipBudget(count=5, errors=(OSError,)),
     )
     it = iter(loader)
     assert [row[0] for row in np.asarray(next(it))] == [0, 1, 2]

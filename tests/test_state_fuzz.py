@@ -39,8 +39,29 @@ CASES = 220
 #: A case that takes longer than this is a hang (each takes milliseconds).
 HANG_S = 20.0
 
-VALUES = [None, -1, 0, 1, 2, 10**18, -(10**18), 2**64, "x", "", "0123abcd", 1.5, float("nan"), [], {}, True, False,
-          [0, 1], {"a": 1}, [None], [10**18]]  # fmt: skip
+VALUES = [
+    None,
+    -1,
+    0,
+    1,
+    2,
+    10**18,
+    -(10**18),
+    2**64,
+    "x",
+    "",
+    "0123abcd",
+    1.5,
+    float("nan"),
+    [],
+    {},
+    True,
+    False,
+    [0, 1],
+    {"a": 1},
+    [None],
+    [10**18],
+]
 
 
 class Counting(conveyor.IterableDataset):
@@ -111,31 +132,55 @@ SCENARIOS = {
     "map, seed": (lambda: conveyor.DataLoader(list(range(20)), batch_size=3, shuffle=True, seed=1), 2, range(20)),
     "map, numpy generator": (
         lambda: conveyor.DataLoader(list(range(20)), batch_size=3, shuffle=True, generator=np.random.default_rng(0)),
-        2, range(20)),
+        2,
+        range(20),
+    ),
     "map, global generator": (lambda: conveyor.DataLoader(list(range(20)), batch_size=3, shuffle=True), 2, range(20)),
     "map, torch generator": (_torch_loader, 3, range(20)),
-    "map, between epochs": (lambda: conveyor.DataLoader(list(range(20)), batch_size=3, shuffle=True, seed=1), 99, range(20)),
-    "map, unbatched": (lambda: conveyor.DataLoader(list(range(20)), batch_size=None, shuffle=True, seed=2), 3, range(20)),
+    "map, between epochs": (
+        lambda: conveyor.DataLoader(list(range(20)), batch_size=3, shuffle=True, seed=1),
+        99,
+        range(20),
+    ),
+    "map, unbatched": (
+        lambda: conveyor.DataLoader(list(range(20)), batch_size=None, shuffle=True, seed=2),
+        3,
+        range(20),
+    ),
     "map, threads, out of order": (
         lambda: conveyor.DataLoader(list(range(20)), batch_size=3, shuffle=True, seed=1, in_order=False, **THREADS),
-        2, range(20)),
+        2,
+        range(20),
+    ),
     "map, weighted": (
-        lambda: conveyor.DataLoader(list(range(20)), batch_size=3, sampler=conveyor.WeightedRandomSampler(
-            [1.0] * 20, 20, generator=np.random.default_rng(3))),
-        2, range(20)),
+        lambda: conveyor.DataLoader(
+            list(range(20)),
+            batch_size=3,
+            sampler=conveyor.WeightedRandomSampler([1.0] * 20, 20, generator=np.random.default_rng(3)),
+        ),
+        2,
+        range(20),
+    ),
     "map, distributed": (
-        lambda: conveyor.DataLoader(list(range(20)), batch_size=3, sampler=conveyor.DistributedSampler(
-            list(range(20)), num_replicas=2, rank=1, seed=4)),
-        1, range(20)),
-    "map, skipped samples": (
-        lambda: conveyor.DataLoader(Flaky(), batch_size=3, skip_bad_samples=3), 3, range(20)),
+        lambda: conveyor.DataLoader(
+            list(range(20)),
+            batch_size=3,
+            sampler=conveyor.DistributedSampler(list(range(20)), num_replicas=2, rank=1, seed=4),
+        ),
+        1,
+        range(20),
+    ),
+    "map, skipped samples": (lambda: conveyor.DataLoader(Flaky(), batch_size=3, skip_bad_samples=3), 3, range(20)),
     "iterable": (lambda: conveyor.DataLoader(Counting(), batch_size=3), 1, range(10)),
     "iterable without state": (lambda: conveyor.DataLoader(Plain(), batch_size=3), 1, range(10)),
     "iterable, between epochs": (lambda: conveyor.DataLoader(Counting(), batch_size=3), 99, range(10)),
     "iterable, threads": (lambda: conveyor.DataLoader(Counting(), batch_size=2, **THREADS), 3, range(10)),
     "iterable, persistent threads, between epochs": (
-        lambda: conveyor.DataLoader(Counting(), batch_size=2, persistent_workers=True, **THREADS), 99, range(10)),
-}  # fmt: skip
+        lambda: conveyor.DataLoader(Counting(), batch_size=2, persistent_workers=True, **THREADS),
+        99,
+        range(10),
+    ),
+}
 
 
 def _paths(value, prefix=()):
@@ -311,7 +356,7 @@ def test_the_states_the_issue_names(scenario, changes, key):
         with Watchdog():
             assert all(value in valid for batch in loader for value in samples(batch))
         return
-    with pytest.raises(ValueError, match=rf"DataLoader.load_state_dict|Sampler.load_state_dict") as raised:
+    with pytest.raises(ValueError, match=r"DataLoader.load_state_dict|Sampler.load_state_dict") as raised:
         loader.load_state_dict(state)
     assert repr(key) in str(raised.value) or key in str(raised.value), str(raised.value)
     assert loader.state_dict() == before

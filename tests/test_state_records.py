@@ -148,9 +148,17 @@ def _fills_in_a_traceback(path, value):
 
 
 @pytest.mark.parametrize(
-    "scenario", ["map, seed", "map, torch generator", "map, replayed batch sampler", "map, skipped samples", "iterable, threads",
-                 "iterable, persistent threads, between epochs", "map, threads, out of order"],
-)  # fmt: skip
+    "scenario",
+    [
+        "map, seed",
+        "map, torch generator",
+        "map, replayed batch sampler",
+        "map, skipped samples",
+        "iterable, threads",
+        "iterable, persistent threads, between epochs",
+        "map, threads, out of order",
+    ],
+)
 def test_every_field_is_refused_naming_its_key_or_decoded_as_it_is(scenario):
     """Each field of a real state, set to each of many wrong values: either
     refused with an error naming load_state_dict and a key on its path, or
@@ -247,10 +255,14 @@ def test_copies_round_trip_the_engines_snapshot():
     copies = progress.snapshot()
     saved = copies.to_dict()
     assert saved == {
-        "states": [{"dataset_state": {"a": 1}, "iterator_state": None, "iterator_ended": False, "served": 2}, None,
-                   {"dataset_state": None, "iterator_state": None, "iterator_ended": True, "served": 3}],
-        "retired": [2], "next": 1,
-    }  # fmt: skip
+        "states": [
+            {"dataset_state": {"a": 1}, "iterator_state": None, "iterator_ended": False, "served": 2},
+            None,
+            {"dataset_state": None, "iterator_state": None, "iterator_ended": True, "served": 3},
+        ],
+        "retired": [2],
+        "next": 1,
+    }
     assert Copies.of(saved) == copies
     assert copies.states[1] is None and copies.retired == (2,) and copies.next_turn == 1
     assert IterableProgress(3, Copies.of(saved)).snapshot() == copies
@@ -268,7 +280,12 @@ def test_copies_start_the_next_epoch_from_each_datasets_state():
 
 
 def test_a_replay_point_round_trips_however_deep():
-    for point in ({"state": {"i": 1}}, {"generator": [1, 2]}, {"inner": {"inner": {"generator": "g"}}}, {"inner": None}):
+    for point in (
+        {"state": {"i": 1}},
+        {"generator": [1, 2]},
+        {"inner": {"inner": {"generator": "g"}}},
+        {"inner": None},
+    ):
         record = ReplayPoint.of(point)
         assert record is not None and record.to_dict() == point
     nested = ReplayPoint.of({"inner": {"state": {"i": 1}}})

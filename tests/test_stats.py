@@ -279,6 +279,7 @@ def test_the_trace_puts_every_workers_spans_on_one_timeline(tmp_path):
 def test_torch_profiler_sees_the_same_dataloader_range_as_torch(num_workers):
     torch = pytest.importorskip("torch")
     import torch.utils.data as tud
+
     import conveyor.torch as ct
 
     def ranges(loader):
@@ -326,13 +327,27 @@ def _stats(num_workers=2, wait=0.5, busy=0.9, cpu=0.9, cpu_wait=0.0, slowest="fe
     stages["wait"] = StageStats(10.0 * wait, 0.0, 0.0, 0.0)
     stages["compute"] = StageStats(10.0 * (1 - wait), 0.0, 0.0, 0.0)
     return LoaderStats(
-        batches=400, samples=12800, errors=0, wall_s=10.0, samples_per_s=1280.0, batches_per_s=40.0,
-        first_batch_s=startup, worker_start_s=0.1 if num_workers else None, worker_starts=passes if num_workers else 0,
+        batches=400,
+        samples=12800,
+        errors=0,
+        wall_s=10.0,
+        samples_per_s=1280.0,
+        batches_per_s=40.0,
+        first_batch_s=startup,
+        worker_start_s=0.1 if num_workers else None,
+        worker_starts=passes if num_workers else 0,
         data_wait_fraction=wait,
-        startup_s=startup, steady_wait_fraction=wait, workers_busy_fraction=busy, loading_cpu_fraction=cpu,
-        loading_cpu_wait_fraction=cpu_wait, num_workers=num_workers, slots_in_use=0, passes=passes, stages=stages,
+        startup_s=startup,
+        steady_wait_fraction=wait,
+        workers_busy_fraction=busy,
+        loading_cpu_fraction=cpu,
+        loading_cpu_wait_fraction=cpu_wait,
+        num_workers=num_workers,
+        slots_in_use=0,
+        passes=passes,
+        stages=stages,
         loading_off_cpu_fraction=None if cpu_wait is None else max(0.0, 1.0 - cpu - cpu_wait),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize(

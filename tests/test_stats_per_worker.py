@@ -130,7 +130,9 @@ def recorded(batches: list[tuple[int, int]], errors: int = 0, gap_s: float = 0.0
     for worker_id, pid in batches:
         time.sleep(gap_s)
         now = time.perf_counter()
-        timings = Timings.make(samples=2, started_at=now - 5e-4, fetch_s=4e-4, collate_s=1e-4, worker_id=worker_id, worker_pid=pid)
+        timings = Timings.make(
+            samples=2, started_at=now - 5e-4, fetch_s=4e-4, collate_s=1e-4, worker_id=worker_id, worker_pid=pid
+        )
         recorder.batch(pass_id, Delivered(0, timings=timings), now, now + 1e-5)
     for _ in range(errors):
         now = time.perf_counter()
@@ -141,7 +143,10 @@ def recorded(batches: list[tuple[int, int]], errors: int = 0, gap_s: float = 0.0
 @pytest.fixture
 def two_nodes():
     """Two Ray nodes other than this one, as RayActorWorkers names them: timing pid -> node."""
-    pids = [nodes.remote_timing_pid("aaaaaaaa" * 7, "10.0.0.1", 900), nodes.remote_timing_pid("bbbbbbbb" * 7, "10.0.0.2", 900)]
+    pids = [
+        nodes.remote_timing_pid("aaaaaaaa" * 7, "10.0.0.1", 900),
+        nodes.remote_timing_pid("bbbbbbbb" * 7, "10.0.0.2", 900),
+    ]
     assert [nodes.node_of(pid) for pid in pids] == ["10.0.0.1 (node aaaaaaaa)", "10.0.0.2 (node bbbbbbbb)"]
     yield pids
 
@@ -177,7 +182,10 @@ def test_an_interval_counts_a_node_that_appeared_within_it(two_nodes):
         recorder.batch(pass_id, Delivered(0, timings=timings), now, now + 1e-5)
     interval = recorder.snapshot(since=earlier).interval
     check_books(interval)
-    assert [(n.node, n.batches) for n in interval.nodes] == [("10.0.0.1 (node aaaaaaaa)", 0), ("10.0.0.2 (node bbbbbbbb)", 5)]
+    assert [(n.node, n.batches) for n in interval.nodes] == [
+        ("10.0.0.1 (node aaaaaaaa)", 0),
+        ("10.0.0.2 (node bbbbbbbb)", 5),
+    ]
 
 
 def test_many_workers_get_a_line_per_node_only():
@@ -225,8 +233,15 @@ def test_the_verdict_on_busy_ray_workers_names_the_busiest_node(two_nodes):
     busiest = max(stats.nodes, key=lambda node: node.busy_fraction)
     assert busiest.node == "10.0.0.2 (node bbbbbbbb)" and busiest.busy_fraction < 1.0  # (two of every three batches)
     saturated = dataclasses.replace(
-        stats, worker_method="ray", wall_s=10.0, startup_s=0.0, data_wait_fraction=0.5, steady_wait_fraction=0.5,
-        workers_busy_fraction=0.95, loading_cpu_fraction=0.9, loading_cpu_wait_fraction=0.02,
-    )  # fmt: skip
+        stats,
+        worker_method="ray",
+        wall_s=10.0,
+        startup_s=0.0,
+        data_wait_fraction=0.5,
+        steady_wait_fraction=0.5,
+        workers_busy_fraction=0.95,
+        loading_cpu_fraction=0.9,
+        loading_cpu_wait_fraction=0.02,
+    )
     advice = saturated.verdict(cores=2).advice
     assert f"(the busiest node, {busiest.node}, {busiest.busy_fraction:.0%})" in advice, advice

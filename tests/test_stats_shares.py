@@ -26,8 +26,8 @@ import conveyor
 from conveyor._engine.executor.records import DeliveryTimes, Timings
 from conveyor._engine.transport.messages import LoadTimes
 from conveyor.stats import StatsRecorder, live
-from conveyor.stats.machine import CoreUse
 from conveyor.stats.figures import Mark, fractions
+from conveyor.stats.machine import CoreUse
 from toy_datasets import Sleepy
 
 #: Shares are rounded to whole percents when printed; three of them can
@@ -173,10 +173,22 @@ _any_cpu = st.one_of(st.just(math.nan), st.floats(min_value=-1.0, max_value=1e3,
 def test_any_raw_totals_give_shares_in_range_that_add_up(counts, totals, cores, num_workers):
     wall, busy, measured, cpu, wait, startup = totals
     mark = Mark(
-        rows=0, batches=counts[0], samples=0, errors=0, wall_s=wall, at=0.0, busy_s=busy,
-        cpu_batches=counts[0], cpu_wait_batches=counts[1], cpu_measured_s=measured, cpu_s=cpu, cpu_wait_s=wait,
-        startup_s=startup, stage_totals=(0.0,) * 8, cores=None if cores is None else CoreUse(*cores),
-    )  # fmt: skip
+        rows=0,
+        batches=counts[0],
+        samples=0,
+        errors=0,
+        wall_s=wall,
+        at=0.0,
+        busy_s=busy,
+        cpu_batches=counts[0],
+        cpu_wait_batches=counts[1],
+        cpu_measured_s=measured,
+        cpu_s=cpu,
+        cpu_wait_s=wait,
+        startup_s=startup,
+        stage_totals=(0.0,) * 8,
+        cores=None if cores is None else CoreUse(*cores),
+    )
     shares = fractions(mark, num_workers)
     for value in shares:
         assert value is None or 0.0 <= value <= 1.0

@@ -41,7 +41,9 @@ def s3(server, tmp_path):
 
 
 def make_store(s3, tmp_path, **kwargs) -> Store:
-    return Store(f"s3://{BUCKET}", storage_options=s3.options(), cache_dir=str(tmp_path / "cache"), backoff_s=0.01, **kwargs)
+    return Store(
+        f"s3://{BUCKET}", storage_options=s3.options(), cache_dir=str(tmp_path / "cache"), backoff_s=0.01, **kwargs
+    )
 
 
 def upload(store: Store, files: dict) -> None:
@@ -53,8 +55,11 @@ def objects(n=24, prefix="loose"):
     return {f"{prefix}/{i:04d}.bin": bytes([i % 251]) * (100 + i) for i in range(n)}
 
 
-@pytest.mark.parametrize("kind", [dict(num_workers=2, reads_in_flight=4), dict(num_workers=4, worker_method="thread")],
-                         ids=["processes", "threads"])
+@pytest.mark.parametrize(
+    "kind",
+    [dict(num_workers=2, reads_in_flight=4), dict(num_workers=4, worker_method="thread")],
+    ids=["processes", "threads"],
+)
 def test_loose_files_load_in_order_through_latency_and_failures(s3, tmp_path, kind):
     store = make_store(s3, tmp_path)
     files = objects()
@@ -112,7 +117,10 @@ def pack_and_upload(store: Store, tmp_path, samples=40, per_shard=8) -> str:
         (root / f"c{i % 2}" / f"{i:03d}.bin").write_bytes(bytes([i]) * (2000 + 10 * i))
     local = tmp_path / "shards"
     assert cli(["pack", str(root), str(local), "--max-samples", str(per_shard)]) == 0
-    upload(store, {f"shards/{name}": (local / name).read_bytes() for name in os.listdir(local) if not name.endswith(".tmp")})
+    upload(
+        store,
+        {f"shards/{name}": (local / name).read_bytes() for name in os.listdir(local) if not name.endswith(".tmp")},
+    )
     return str(local)
 
 
@@ -129,8 +137,13 @@ def test_shards_in_the_store_read_as_local_ones_by_ranged_reads(s3, tmp_path):
     assert len(gets) == 4  # one ranged read per sample, no whole shard
     # Through a loader with spawn workers (the store travels pickled, without its connections).
     pickle.loads(pickle.dumps(remote))
-    keys = [s["__key__"] for b in conveyor.DataLoader(remote, batch_size=8, shuffle=True, seed=0, num_workers=2,
-                                                        multiprocessing_context="spawn", collate_fn=list) for s in b]  # fmt: skip
+    keys = [
+        s["__key__"]
+        for b in conveyor.DataLoader(
+            remote, batch_size=8, shuffle=True, seed=0, num_workers=2, multiprocessing_context="spawn", collate_fn=list
+        )
+        for s in b
+    ]
     assert sorted(keys) == [f"{i:09d}" for i in range(40)]
 
 

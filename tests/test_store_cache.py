@@ -48,8 +48,12 @@ def read(path) -> bytes:
 
 
 def run_python(code: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {TESTS!r})\n" + code],
-                          capture_output=True, text=True, **kwargs)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {TESTS!r})\n" + code],
+        capture_output=True,
+        text=True,
+        **kwargs,
+    )
 
 
 def test_the_cache_folder_and_its_files_are_yours_alone_whatever_the_umask(tmp_path, monkeypatch):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 
@@ -32,7 +31,8 @@ BOUND_BYTES = (64 << 20) * SIZE_BYTES // (512 << 20)
 
 #: The fetching process: its peak resident memory (VmHWM) just before and after the fetch. (Not
 #: ``ru_maxrss``: a child's counts the parent's pages at the fork, the uploaded object among them.)
-CHILD = """
+CHILD = (
+    """
 import json, sys
 from conveyor.store import Store
 
@@ -46,15 +46,22 @@ store.fetch("small.bin")  # (the imports, a connection, fsspec's IO thread: befo
 before = peak()
 local = store.fetch("big.bin")
 print(json.dumps({"grown": peak() - before, "local": local}))
-""" % BUCKET
+"""
+    % BUCKET
+)
 
 
 def test_a_fetch_streams_to_disk_and_is_checked_against_the_md5_before_it_is_handed_out(server, tmp_path):
     import boto3
 
     data = np.random.default_rng(7).integers(0, 256, SIZE_BYTES, dtype=np.uint8).tobytes()
-    direct = boto3.client("s3", endpoint_url=f"http://{server.host}:{server.port}", region_name="us-east-1",
-                          aws_access_key_id="test", aws_secret_access_key="test")  # fmt: skip
+    direct = boto3.client(
+        "s3",
+        endpoint_url=f"http://{server.host}:{server.port}",
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
     direct.put_object(Bucket=BUCKET, Key="big.bin", Body=data)  # (one part: its ETag is the MD5 of the bytes)
     direct.put_object(Bucket=BUCKET, Key="small.bin", Body=b"small")
     want = hashlib.sha256(data).hexdigest()
@@ -63,8 +70,7 @@ def test_a_fetch_streams_to_disk_and_is_checked_against_the_md5_before_it_is_han
     # The third chunk's answer has its middle byte changed: only the MD5 of the whole can tell.
     server.garble = lambda method, path, n: method == "GET" and "big.bin" in path and len(gets.append(n) or gets) == 3
     args = [server.options(), str(tmp_path / "cache"), CHUNK_BYTES]
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True,
-                          text=True, timeout=150)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     got = hashlib.sha256()
@@ -73,7 +79,9 @@ def test_a_fetch_streams_to_disk_and_is_checked_against_the_md5_before_it_is_han
             got.update(block)
     assert got.hexdigest() == want  # (not the copy with the changed byte: fetched again)
     assert [s for _, p, s in server.requests if "big.bin" in p].count(GARBLED) == 1
-    print(f"peak memory grew by {result['grown'] / 2**20:.1f} MB fetching {SIZE_BYTES >> 20} MB in "
-          f"{CHUNK_BYTES >> 10} KB chunks (twice: the first copy failed its MD5)")  # fmt: skip
+    print(
+        f"peak memory grew by {result['grown'] / 2**20:.1f} MB fetching {SIZE_BYTES >> 20} MB in "
+        f"{CHUNK_BYTES >> 10} KB chunks (twice: the first copy failed its MD5)"
+    )
     assert result["grown"] <= BOUND_BYTES
     direct.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": "big.bin"}, {"Key": "small.bin"}]})

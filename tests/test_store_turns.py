@@ -17,10 +17,8 @@ import time
 
 import pytest
 
-from conveyor.store import Store
-from conveyor.store import _turns
+from conveyor.store import Store, _turns
 from conveyor.store._cache import Cache, _key
-
 from store_fakes import FlakyFS
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -162,13 +160,14 @@ def test_a_holder_that_dies_lets_go_at_once(tmp_path, data, monkeypatch):
     monkeypatch.setattr(_turns, "STALL_S", 600.0)  # (were its turn kept, this test would time out)
     key = _key(f"flaky://{data}/a.bin")
     child = _child(
-        tmp_path, data,
+        tmp_path,
+        data,
         "from conveyor.store import _turns\n"
         "store._cache()\n"
         f"with _turns.turn(store.cache_dir, {key!r}, 'its.part'):\n"
         "    print('held', flush=True)\n"
         "    time.sleep(600)\n",
-    )  # fmt: skip
+    )
     try:
         assert child.stdout.readline().strip() == "held"
         child.send_signal(signal.SIGKILL)

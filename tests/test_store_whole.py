@@ -36,8 +36,9 @@ def s3(server):
 
 
 def make_store(s3, tmp_path, **kwargs) -> Store:
-    store = Store(f"s3://{BUCKET}", storage_options=s3.options(), cache_dir=str(tmp_path / "cache"), backoff_s=0.01,
-                  **kwargs)  # fmt: skip
+    store = Store(
+        f"s3://{BUCKET}", storage_options=s3.options(), cache_dir=str(tmp_path / "cache"), backoff_s=0.01, **kwargs
+    )
     store.fs.retries = 1  # (s3fs's own retry loop off: every retry here is conveyor's)
     return store
 
@@ -51,12 +52,17 @@ def put(s3, store: Store, name: str, etag: str = "md5", size: int = SIZE) -> byt
     else:
         import boto3
 
-        client = boto3.client("s3", endpoint_url=s3.url, region_name="us-east-1", aws_access_key_id="test",
-                              aws_secret_access_key="test")  # fmt: skip
+        client = boto3.client(
+            "s3", endpoint_url=s3.url, region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test"
+        )
         upload = client.create_multipart_upload(Bucket=BUCKET, Key=name)["UploadId"]
         part = client.upload_part(Bucket=BUCKET, Key=name, UploadId=upload, PartNumber=1, Body=data)
-        client.complete_multipart_upload(Bucket=BUCKET, Key=name, UploadId=upload,
-                                         MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]})  # fmt: skip
+        client.complete_multipart_upload(
+            Bucket=BUCKET,
+            Key=name,
+            UploadId=upload,
+            MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]},
+        )
     listed = str(store.fs.info(store.url(name))["ETag"])
     assert ("-" in listed) == (etag == "multipart")
     s3.requests.clear()
@@ -200,8 +206,13 @@ def test_which_etags_are_the_md5_of_the_bytes():
 
     md5 = "9e107d9d372bb6826bd81d3542a419d6"
     assert etag_md5({"ETag": f'"{md5}"'}) == md5 and etag_md5({"ETag": md5.upper()}) == md5
-    for info in ({"ETag": f'"{md5[:-2]}-2"'}, {"ETag": "abc"}, {}, {"ETag": md5, "ServerSideEncryption": "aws:kms"},
-                 {"ETag": md5, "SSECustomerAlgorithm": "AES256"}):  # fmt: skip
+    for info in (
+        {"ETag": f'"{md5[:-2]}-2"'},
+        {"ETag": "abc"},
+        {},
+        {"ETag": md5, "ServerSideEncryption": "aws:kms"},
+        {"ETag": md5, "SSECustomerAlgorithm": "AES256"},
+    ):
         assert etag_md5(info) is None, info
 
     class S3:  # (what s3fs offers: its split of a path and a call of the S3 API; here a HEAD of the object)

@@ -42,7 +42,9 @@ def values(batch) -> list:
 def run(dataset, calls: str, persistent: bool, workers: str = "fork", batch_size: int = 4) -> list:
     """Every epoch's batches, as a training loop that calls ``calls``'s
     set_epoch ("dataset", "loader" or "both") before each epoch."""
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=2, persistent_workers=persistent, **WORKERS[workers])
+    loader = DataLoader(
+        dataset, batch_size=batch_size, num_workers=2, persistent_workers=persistent, **WORKERS[workers]
+    )
     epochs = []
     for epoch in range(EPOCHS):
         if calls in ("dataset", "both"):
@@ -107,6 +109,7 @@ def rest_after_a_save(epoch: int, position: Optional[int], workers: str) -> list
     """Epochs 0..EPOCHS-1 of a persistent loader over ResumableEpochs whose
     run was saved after ``position`` batches of ``epoch`` (None: between
     ``epoch - 1`` and ``epoch``) and resumed by a new loader."""
+
     def make():
         dataset = ResumableEpochs()
         loader = DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=True, **WORKERS[workers])

@@ -51,6 +51,8 @@ def test_any_object_with_add_scalar_is_a_stats_writer_and_other_objects_are_refu
     loader = conveyor.DataLoader(list(range(8)), batch_size=4)
     loader.on_stats(Recorder(), every_s=3600)
     list(loader)
-    assert ("conveyor/samples_per_s", loader.stats().samples_per_s, 2) in [(t, pytest.approx(v), s) for t, v, s in written]
+    assert ("conveyor/samples_per_s", loader.stats().samples_per_s, 2) in [
+        (t, pytest.approx(v), s) for t, v, s in written
+    ]
     with pytest.raises(TypeError, match="add_scalar"):
         loader.on_stats(object())

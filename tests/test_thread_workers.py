@@ -42,7 +42,11 @@ class Augmented:
 
     def __getitem__(self, i: int):
         g = conveyor.sample_rng()
-        draws = [g.random_generator.random(), float(g.numpy_generator.random()), float(torch.rand((), generator=g.torch_generator))]
+        draws = [
+            g.random_generator.random(),
+            float(g.numpy_generator.random()),
+            float(torch.rand((), generator=g.torch_generator)),
+        ]
         return np.array([i, *draws])
 
 
@@ -89,7 +93,9 @@ def rows(loader) -> list:
 def test_batches_are_the_same_for_every_kind_and_number_of_workers():
     expected = rows(DataLoader(Augmented(), batch_size=4, shuffle=True, seed=3))
     for num_workers, method in KINDS:
-        got = rows(DataLoader(Augmented(), batch_size=4, shuffle=True, seed=3, num_workers=num_workers, worker_method=method))
+        got = rows(
+            DataLoader(Augmented(), batch_size=4, shuffle=True, seed=3, num_workers=num_workers, worker_method=method)
+        )
         assert got == expected, (num_workers, method)
     # Each sample drew its own numbers: no two alike.
     draws = [row[1] for batch in expected for row in batch]
@@ -193,7 +199,9 @@ def test_system_exit_in_a_thread_ends_the_loader_with_the_worker_s_story():
 
 
 def test_timeout_names_the_late_batch_and_the_thread():
-    loader = DataLoader(Sleepy(8, slow=2, seconds=3.0), batch_size=2, num_workers=2, worker_method="thread", timeout=1.0)
+    loader = DataLoader(
+        Sleepy(8, slow=2, seconds=3.0), batch_size=2, num_workers=2, worker_method="thread", timeout=1.0
+    )
     with pytest.raises(RuntimeError, match=r"DataLoader timed out after 1.0 seconds") as caught:
         rows(loader)
     text = str(caught.value)
@@ -202,7 +210,9 @@ def test_timeout_names_the_late_batch_and_the_thread():
 
 
 def test_the_stall_watchdog_shows_the_thread_s_stack():
-    loader = DataLoader(Sleepy(4, slow=0, seconds=1.0), batch_size=2, num_workers=1, worker_method="thread", stall_warning=0.2)
+    loader = DataLoader(
+        Sleepy(4, slow=0, seconds=1.0), batch_size=2, num_workers=1, worker_method="thread", stall_warning=0.2
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert rows(loader) == [[[0], [1]], [[2], [3]]]

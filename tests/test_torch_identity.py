@@ -14,7 +14,6 @@ import inspect
 import multiprocessing
 
 import pytest
-import torch
 import torch.utils.data as tud
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
@@ -23,9 +22,21 @@ import conveyor.torch as ct
 pytestmark = pytest.mark.timeout(60)
 
 SAME_NAME = [
-    "Dataset", "IterableDataset", "TensorDataset", "StackDataset", "ConcatDataset", "ChainDataset", "Subset",
-    "Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler",
-    "BatchSampler", "DistributedSampler", "DataLoader",
+    "Dataset",
+    "IterableDataset",
+    "TensorDataset",
+    "StackDataset",
+    "ConcatDataset",
+    "ChainDataset",
+    "Subset",
+    "Sampler",
+    "SequentialSampler",
+    "RandomSampler",
+    "SubsetRandomSampler",
+    "WeightedRandomSampler",
+    "BatchSampler",
+    "DistributedSampler",
+    "DataLoader",
 ]
 
 
@@ -42,7 +53,9 @@ def test_a_default_loader_and_its_samplers_are_torchs_types():
     assert isinstance(shuffled.batch_sampler, tud.BatchSampler)
     assert isinstance(ct.DataLoader(data).sampler, tud.SequentialSampler)
     assert shuffled._dataset_kind == tud.DataLoader(data)._dataset_kind
-    assert ct.DataLoader(ct.ChainDataset([data]))._dataset_kind == tud.DataLoader(tud.ChainDataset([data]))._dataset_kind
+    assert (
+        ct.DataLoader(ct.ChainDataset([data]))._dataset_kind == tud.DataLoader(tud.ChainDataset([data]))._dataset_kind
+    )
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
@@ -92,5 +105,15 @@ def test_a_loader_recreated_from_its_arguments_is_a_conveyor_loader_with_the_new
         assert type(again) is ct.DataLoader and again.sampler is sampler
         halves.append(sorted(int(x) for b in again for x in b))
     assert halves == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
-    torch_halves = [sorted(int(x) for b in _recreated_with(tud.DataLoader(data, batch_size=2), sampler=TorchDistributedSampler(data, num_replicas=2, rank=r, shuffle=False)) for x in b) for r in range(2)]
+    torch_halves = [
+        sorted(
+            int(x)
+            for b in _recreated_with(
+                tud.DataLoader(data, batch_size=2),
+                sampler=TorchDistributedSampler(data, num_replicas=2, rank=r, shuffle=False),
+            )
+            for x in b
+        )
+        for r in range(2)
+    ]
     assert halves == torch_halves

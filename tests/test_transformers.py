@@ -35,9 +35,20 @@ def _free_port() -> int:
 @pytest.mark.timeout(300)
 def test_trainer_trains_each_rank_s_share_through_conveyor_and_resumes_mid_epoch_exactly(tmp_path):
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-        "--master-port", str(_free_port()), "--monitor-interval", "0.2", str(JOB), str(tmp_path),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "--monitor-interval",
+        "0.2",
+        str(JOB),
+        str(tmp_path),
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -50,7 +61,9 @@ def test_trainer_trains_each_rank_s_share_through_conveyor_and_resumes_mid_epoch
         assert resumed == whole[8:]  # the same samples, augmentations and losses after the checkpoint
         assert rank["saved_state"] and rank["stats"] == 4  # the 2 batches before it were not loaded again
     for epoch in range(2):
-        mine = [sorted(i for batch in rank["whole"][6 * epoch : 6 * epoch + 6] for i in batch["index"]) for rank in ranks]
+        mine = [
+            sorted(i for batch in rank["whole"][6 * epoch : 6 * epoch + 6] for i in batch["index"]) for rank in ranks
+        ]
         assert sorted(mine[0] + mine[1]) == list(range(48))  # each rank its own half of every epoch
 
 

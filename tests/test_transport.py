@@ -4,7 +4,6 @@ them, and nothing left behind whatever ends the loader."""
 
 import gc
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -294,7 +293,9 @@ def test_small_dev_shm_is_no_problem(tmp_path):
     script = tmp_path / "small_shm.py"
     script.write_text(_SMALL_SHM_SCRIPT)
     command = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} {script}"
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64m tmpfs /dev/shm"], capture_output=True)
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64m tmpfs /dev/shm"], capture_output=True
+    )
     if probe.returncode != 0:
         pytest.skip(f"cannot make a mount namespace here: {probe.stderr.decode().strip()}")
     out = subprocess.run(["unshare", "-m", "sh", "-c", command], capture_output=True, text=True, timeout=120)

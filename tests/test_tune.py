@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import conveyor
-from conveyor.cli import main, tune, tune_choice, tune_measure, tune_report, tune_sweep
+from conveyor.cli import main, tune_choice, tune_measure, tune_report, tune_sweep
 from conveyor.cli.tune_choice import advise, noise, recommend, ties, tolerance
 from conveyor.cli.tune_measure import Result, Round
 
@@ -85,16 +85,32 @@ DATA_MODULE = textwrap.dedent(
 
 
 def setting(
-    workers, prefetch, *rates, batch=None, wait=0.5, advice="", advised_workers=None, advises_prefetch=False,
-    memory=None, status="measured",
+    workers,
+    prefetch,
+    *rates,
+    batch=None,
+    wait=0.5,
+    advice="",
+    advised_workers=None,
+    advises_prefetch=False,
+    memory=None,
+    status="measured",
 ):
     """A made-up measured setting: one round per rate."""
     rounds = tuple(
-        Round(rate, data_wait_fraction=wait, workers_busy_fraction=0.9, peak_memory_mb=memory, advice=advice,
-              advised_workers=advised_workers, advises_prefetch=advises_prefetch, slowest_stage="fetch",
-              slowest_share=0.9)
+        Round(
+            rate,
+            data_wait_fraction=wait,
+            workers_busy_fraction=0.9,
+            peak_memory_mb=memory,
+            advice=advice,
+            advised_workers=advised_workers,
+            advises_prefetch=advises_prefetch,
+            slowest_stage="fetch",
+            slowest_share=0.9,
+        )
         for rate in rates
-    )  # fmt: skip
+    )
     return Result(workers, prefetch if workers else None, batch, status=status, rounds=rounds)
 
 
@@ -134,8 +150,12 @@ def test_the_doctests_of_the_choice_hold():
 
 
 def test_settings_within_ten_percent_tie_and_the_fewest_workers_win():
-    results = [setting(0, None, 50, 50, 50), setting(2, 2, 92, 92, 92), setting(4, 2, 100, 100, 100),
-               setting(2, 4, 96, 96, 96)]  # fmt: skip
+    results = [
+        setting(0, None, 50, 50, 50),
+        setting(2, 2, 92, 92, 92),
+        setting(4, 2, 100, 100, 100),
+        setting(2, 4, 96, 96, 96),
+    ]
     assert noise(results) == 0 and tolerance(results) == tune_choice.NEAR_BEST == 0.10
     assert recommend(results) is results[1]
     assert {r.workers for r in ties(results)} == {2, 4}
@@ -186,9 +206,11 @@ def test_settings_over_memory_or_not_measured_are_never_recommended():
 #: Made-up sweeps: up to 8 settings (distinct workers and prefetch), each with 1 to 5 rounds.
 rates = st.floats(min_value=1.0, max_value=1e5, allow_nan=False)
 sweeps = st.dictionaries(
-    st.tuples(st.integers(0, 8), st.sampled_from([2, 4, 8])), st.lists(rates, min_size=1, max_size=5),
-    min_size=1, max_size=8,
-).map(lambda found: [setting(w, p, *rs) for (w, p), rs in found.items()])  # fmt: skip
+    st.tuples(st.integers(0, 8), st.sampled_from([2, 4, 8])),
+    st.lists(rates, min_size=1, max_size=5),
+    min_size=1,
+    max_size=8,
+).map(lambda found: [setting(w, p, *rs) for (w, p), rs in found.items()])
 
 
 @settings(max_examples=300, deadline=None)
@@ -213,21 +235,38 @@ def test_the_recommendation_is_the_leanest_setting_within_the_noise_of_the_faste
 #: count and whether it tells to raise prefetch_factor (Verdict.advised_workers, .advises_prefetch).
 ADVICE = [
     ("more workers: num_workers={n} (the workers are busy 98%; this machine has 2 cores)", True, False),
-    ("load in worker processes: DataLoader(num_workers={n}); the main process spent 90% of wall time loading", True,
-     False),
-    ("the workers are busy only 20% of the time while the loop waits 40%: keep more batches in flight "
-     "(raise prefetch_factor)", False, True),
-    ("the loader keeps up; the workers are busy only 10% of the time, so num_workers={n} would do (less memory)", True,
-     False),
-    ("the 2 workers are busy 91% on 2 cores, so more workers will not help; fetch takes 97% of loading time", False,
-     False),
-]  # fmt: skip
+    (
+        "load in worker processes: DataLoader(num_workers={n}); the main process spent 90% of wall time loading",
+        True,
+        False,
+    ),
+    (
+        "the workers are busy only 20% of the time while the loop waits 40%: keep more batches in flight "
+        "(raise prefetch_factor)",
+        False,
+        True,
+    ),
+    (
+        "the loader keeps up; the workers are busy only 10% of the time, so num_workers={n} would do (less memory)",
+        True,
+        False,
+    ),
+    (
+        "the 2 workers are busy 91% on 2 cores, so more workers will not help; fetch takes 97% of loading time",
+        False,
+        False,
+    ),
+]
 
 
 def told(advice, n=0) -> dict:
     """A round's verdict fields for one of ADVICE with ``n`` as its worker count."""
     template, names_workers, prefetch = advice
-    return {"advice": template.format(n=n), "advised_workers": n if names_workers else None, "advises_prefetch": prefetch}
+    return {
+        "advice": template.format(n=n),
+        "advised_workers": n if names_workers else None,
+        "advises_prefetch": prefetch,
+    }
 
 
 def named_workers(said: str) -> set[int]:
@@ -268,8 +307,7 @@ def test_without_a_round_long_enough_for_a_verdict_there_is_no_advice_but_how_to
 @given(sweeps, st.sampled_from(ADVICE), st.integers(0, 9))
 def test_the_advice_never_asks_for_a_measured_setting_other_than_the_recommended_one(results, template, n):
     rec = recommend(results)
-    rec_with_advice = setting(rec.workers, rec.prefetch, *(r.samples_per_s for r in rec.rounds),
-                              **told(template, n))  # fmt: skip
+    rec_with_advice = setting(rec.workers, rec.prefetch, *(r.samples_per_s for r in rec.rounds), **told(template, n))
     results = [rec_with_advice if r is rec else r for r in results]
     said = advise(recommend(results), results)
     for asked in named_workers(said):
@@ -297,20 +335,21 @@ class FakeLoader:
 
     def stats(self, since=None):
         verdict = SimpleNamespace(
-            bound="input", advice="advice", advised_workers=None, advises_prefetch=False, slowest_stage="fetch",
+            bound="input",
+            advice="advice",
+            advised_workers=None,
+            advises_prefetch=False,
+            slowest_stage="fetch",
             slowest_share=0.5,
         )
         interval = SimpleNamespace(
-            batches=10, samples_per_s=100.0, data_wait_fraction=0.75, workers_busy_fraction=0.5,
-            verdict=lambda: verdict,
-        )  # fmt: skip
+            batches=10, samples_per_s=100.0, data_wait_fraction=0.75, workers_busy_fraction=0.5, verdict=lambda: verdict
+        )
         return SimpleNamespace(first_batch_s=0.1, interval=interval if since is not None else None)
 
 
 @pytest.mark.parametrize("workers, passes", [(1, 4), (3, 5)])
-def test_a_round_leaves_out_a_first_batch_per_worker_and_runs_further_passes_until_its_batches_are_in(
-    workers, passes
-):
+def test_a_round_leaves_out_a_first_batch_per_worker_and_runs_further_passes_until_its_batches_are_in(workers, passes):
     made = []
 
     def build(setting):
@@ -368,15 +407,39 @@ def test_plan_runs_zero_workers_once_per_batch_size_then_rising_workers_per_pref
 def test_a_sweep_writes_every_round_and_the_spread_to_the_table_json_and_plot(data_file, tmp_path, capsys):
     out_dir = tmp_path / "new" / "out"
     status, out, _ = run_tune(
-        capsys, f"{data_file}:tiny", "--batch-size", 4, "--workers", "0,1", "--prefetch", "2,3", "--rounds", 2,
-        "--seconds", 0, "--min-batches", 9, "--step-ms", 1, "--out", out_dir,
-    )  # fmt: skip
+        capsys,
+        f"{data_file}:tiny",
+        "--batch-size",
+        4,
+        "--workers",
+        "0,1",
+        "--prefetch",
+        "2,3",
+        "--rounds",
+        2,
+        "--seconds",
+        0,
+        "--min-batches",
+        9,
+        "--step-ms",
+        1,
+        "--out",
+        out_dir,
+    )
     assert status == 0, out
     assert "round 1 of 2: samples/s" in out and "round 2 of 2: samples/s" in out
     assert "samples/s best" in out and "(2 rounds)" in out and "noise: " in out
     report = json.loads((out_dir / "tune.json").read_text())
-    assert set(report) >= {"factory", "loader", "settings", "machine", "results", "noise", "tie_tolerance",
-                           "recommendation"}  # fmt: skip
+    assert set(report) >= {
+        "factory",
+        "loader",
+        "settings",
+        "machine",
+        "results",
+        "noise",
+        "tie_tolerance",
+        "recommendation",
+    }
     assert report["settings"]["rounds"] == 2 and report["machine"]["cores"] >= 1
     assert report["tie_tolerance"] >= max(report["noise"], tune_choice.NEAR_BEST)
     assert [(r["workers"], r["prefetch"]) for r in report["results"]] == [(0, None), (1, 2), (1, 3)]
@@ -406,9 +469,23 @@ def test_a_sweep_writes_every_round_and_the_spread_to_the_table_json_and_plot(da
 def test_loading_that_sleeps_gains_from_every_worker_and_the_most_are_recommended(data_file, tmp_path, capsys):
     out_dir = tmp_path / "out"
     status, out, _ = run_tune(
-        capsys, f"{data_file}:sleepy", "--batch-size", 8, "--workers", "0,1,4", "--prefetch", 2, "--rounds", 2,
-        "--seconds", 0.4, "--min-batches", 5, "--out", out_dir,
-    )  # fmt: skip
+        capsys,
+        f"{data_file}:sleepy",
+        "--batch-size",
+        8,
+        "--workers",
+        "0,1,4",
+        "--prefetch",
+        2,
+        "--rounds",
+        2,
+        "--seconds",
+        0.4,
+        "--min-batches",
+        5,
+        "--out",
+        out_dir,
+    )
     assert status == 0, out
     report = json.loads((out_dir / "tune.json").read_text())
     rows = by_workers(report)
@@ -423,9 +500,25 @@ def test_loading_that_sleeps_gains_from_every_worker_and_the_most_are_recommende
 def test_a_step_longer_than_loading_ties_every_setting_and_the_fewest_workers_win(data_file, tmp_path, capsys):
     out_dir = tmp_path / "out"
     status, out, _ = run_tune(
-        capsys, f"{data_file}:fast", "--batch-size", 8, "--workers", "0,1,2", "--prefetch", 2, "--rounds", 2,
-        "--step-ms", 50, "--seconds", 0.4, "--min-batches", 5, "--out", out_dir,
-    )  # fmt: skip
+        capsys,
+        f"{data_file}:fast",
+        "--batch-size",
+        8,
+        "--workers",
+        "0,1,2",
+        "--prefetch",
+        2,
+        "--rounds",
+        2,
+        "--step-ms",
+        50,
+        "--seconds",
+        0.4,
+        "--min-batches",
+        5,
+        "--out",
+        out_dir,
+    )
     assert status == 0, out
     rec = json.loads((out_dir / "tune.json").read_text())["recommendation"]
     assert rec["workers"] <= 1  # all run at the step's pace: the fewest workers within the noise win
@@ -513,8 +606,12 @@ def test_the_command_line_runs_a_module_from_the_current_folder_and_exits_2_on_a
     command = [sys.executable, "-m", "conveyor.cli", "tune"]
     good = subprocess.run(
         [*command, f"{data_file.stem}:fast", "--workers", "0", "--seconds", "0"],
-        cwd=data_file.parent, env=env, capture_output=True, text=True, timeout=50,
-    )  # fmt: skip
+        cwd=data_file.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert good.returncode == 0, good.stderr
     assert "recommended: num_workers=0" in good.stdout
     bad = subprocess.run(
@@ -529,13 +626,26 @@ def test_the_command_line_runs_a_module_from_the_current_folder_and_exits_2_on_a
 def test_settings_past_the_memory_budget_are_marked_and_the_rest_skipped(data_file, tmp_path, capsys):
     out_dir = tmp_path / "out"
     status, out, _ = run_tune(
-        capsys, f"{data_file}:fast", "--workers", "0,1,2", "--prefetch", 2, "--seconds", 0,
-        "--max-rss-gb", 0.001, "--out", out_dir,
-    )  # fmt: skip
+        capsys,
+        f"{data_file}:fast",
+        "--workers",
+        "0,1,2",
+        "--prefetch",
+        2,
+        "--seconds",
+        0,
+        "--max-rss-gb",
+        0.001,
+        "--out",
+        out_dir,
+    )
     assert status == 1  # nothing fits: no recommendation
     results = json.loads((out_dir / "tune.json").read_text())["results"]
-    assert [(r["workers"], r["status"]) for r in results] == [(0, "over-memory"), (1, "skipped-memory"),
-                                                               (2, "skipped-memory")]  # fmt: skip
+    assert [(r["workers"], r["status"]) for r in results] == [
+        (0, "over-memory"),
+        (1, "skipped-memory"),
+        (2, "skipped-memory"),
+    ]
     assert len(results[0]["rounds"]) == 1  # over budget: not measured again
     assert "no setting was measured" in out
 
@@ -544,9 +654,23 @@ def test_settings_past_the_memory_budget_are_marked_and_the_rest_skipped(data_fi
 def test_settings_past_the_time_budget_are_skipped_and_later_rounds_not_begun(data_file, tmp_path, capsys):
     out_dir = tmp_path / "out"
     status, out, _ = run_tune(
-        capsys, f"{data_file}:sleepy", "--batch-size", 8, "--workers", "0,1,2", "--prefetch", 2, "--rounds", 3,
-        "--seconds", 0.3, "--max-seconds", 0.6, "--out", out_dir,
-    )  # fmt: skip
+        capsys,
+        f"{data_file}:sleepy",
+        "--batch-size",
+        8,
+        "--workers",
+        "0,1,2",
+        "--prefetch",
+        2,
+        "--rounds",
+        3,
+        "--seconds",
+        0.3,
+        "--max-seconds",
+        0.6,
+        "--out",
+        out_dir,
+    )
     assert status == 0, out
     # A round of 0 workers lasts 0.4 s at least (10 batches of 8 samples that sleep 5 ms each):
     # after it, another would pass 0.6 s.
@@ -579,4 +703,3 @@ def test_without_matplotlib_the_json_is_written_and_the_plot_skipped(tmp_path, m
     tune_report.write_outputs(tmp_path, "m:f", "a loader", options, [rec], rec)
     assert "matplotlib is not installed" in capsys.readouterr().out
     assert (tmp_path / "tune.json").exists() and not (tmp_path / "tune.png").exists()
-

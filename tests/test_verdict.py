@@ -29,15 +29,32 @@ def _stats(
     stages["compute"] = StageStats(wall * (1 - wait), 0.0, 0.0, 0.0)
     measured = job is not None and others is not None
     return LoaderStats(
-        batches=batches, samples=batches * 32, errors=0, wall_s=wall, samples_per_s=batches * 32 / wall,
-        batches_per_s=batches / wall, first_batch_s=startup, worker_start_s=0.1, worker_starts=1,
-        data_wait_fraction=wait, startup_s=startup, steady_wait_fraction=wait, workers_busy_fraction=busy,
-        loading_cpu_fraction=cpu, loading_cpu_wait_fraction=cpu_wait, num_workers=num_workers, slots_in_use=0,
-        passes=1, stages=stages, cpu_measured_batches=batches,
+        batches=batches,
+        samples=batches * 32,
+        errors=0,
+        wall_s=wall,
+        samples_per_s=batches * 32 / wall,
+        batches_per_s=batches / wall,
+        first_batch_s=startup,
+        worker_start_s=0.1,
+        worker_starts=1,
+        data_wait_fraction=wait,
+        startup_s=startup,
+        steady_wait_fraction=wait,
+        workers_busy_fraction=busy,
+        loading_cpu_fraction=cpu,
+        loading_cpu_wait_fraction=cpu_wait,
+        num_workers=num_workers,
+        slots_in_use=0,
+        passes=1,
+        stages=stages,
+        cpu_measured_batches=batches,
         loading_off_cpu_fraction=None if cpu_wait is None else max(0.0, 1 - cpu - cpu_wait),
-        cores=2 if measured else None, cores_job_fraction=job, cores_others_fraction=others,
+        cores=2 if measured else None,
+        cores_job_fraction=job,
+        cores_others_fraction=others,
         cores_idle_fraction=max(0.0, 1 - job - others) if measured else None,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
@@ -131,9 +148,14 @@ def any_stats(draw) -> LoaderStats:
     if cores is not None:
         job, others = cores[0], min(cores[1], 1.0 - cores[0])
     stats = _stats(
-        num_workers=draw(st.integers(0, 16)), wait=draw(_shares), busy=draw(st.one_of(st.none(), _shares)), cpu=cpu,
-        cpu_wait=cpu_wait, job=job, others=others,
-    )  # fmt: skip
+        num_workers=draw(st.integers(0, 16)),
+        wait=draw(_shares),
+        busy=draw(st.one_of(st.none(), _shares)),
+        cpu=cpu,
+        cpu_wait=cpu_wait,
+        job=job,
+        others=others,
+    )
     slowest = draw(st.sampled_from(["sampler", "fetch", "collate", "transport", "pin"]))
     stages = dict(stats.stages)
     stages[slowest], stages["fetch"] = stages["fetch"], stages[slowest]

@@ -22,10 +22,23 @@ def test_the_wheel_holds_every_module_and_the_type_marker(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "--no-index",
-         "-w", str(tmp_path / "dist"), "-q"],
-        check=True, cwd=tmp_path, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(source),
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(tmp_path / "dist"),
+            "-q",
+        ],
+        check=True,
+        cwd=tmp_path,
+        capture_output=True,
+    )
     (wheel,) = (tmp_path / "dist").glob("conveyor-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "conveyor/py.typed" in names

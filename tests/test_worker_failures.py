@@ -303,7 +303,9 @@ def test_getitem_error_under_forkserver(tmp_path):
 @pytest.mark.parametrize("method", METHODS)
 def test_getitem_error_through_torch_facade(tmp_path, method):
     DataLoader = loader_cls("torch")
-    loader = DataLoader(RaiseAt(tmp_path, bad=2, kind="KeyError"), batch_size=2, num_workers=2, multiprocessing_context=method)
+    loader = DataLoader(
+        RaiseAt(tmp_path, bad=2, kind="KeyError"), batch_size=2, num_workers=2, multiprocessing_context=method
+    )
     it = iter(loader)
     assert next(it).tolist() == [0, 1]
     with pytest.raises(KeyError) as info:
@@ -374,7 +376,9 @@ def check_death_message(message, how, pid):
         assert message.startswith(f"DataLoader worker (pid {pid}) is killed by signal: Segmentation fault."), message
     elif how == "SIGBUS":
         assert message.startswith(f"DataLoader worker (pid {pid}) is killed by signal: Bus error."), message
-        assert "memory-mapped file" in message and "shared memory" in message, f"SIGBUS should name its causes: {message}"
+        assert "memory-mapped file" in message and "shared memory" in message, (
+            f"SIGBUS should name its causes: {message}"
+        )
     else:
         assert re.match(rf"DataLoader worker \(pid(\(s\))? {pid}\) exited unexpectedly", message), message
         assert "exit code 3" in message, message
@@ -385,7 +389,8 @@ def check_death_message(message, how, pid):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     "method,how",
-    [(m, h) for m in METHODS for h in ("SIGKILL", "SIGSEGV", "exit3")] + [("fork", "SIGBUS"), ("forkserver", "SIGKILL")],
+    [(m, h) for m in METHODS for h in ("SIGKILL", "SIGSEGV", "exit3")]
+    + [("fork", "SIGBUS"), ("forkserver", "SIGKILL")],
 )
 def test_dead_worker_is_reported_and_every_worker_stops(tmp_path, method, how):
     before = procutil.descendants()
@@ -410,7 +415,9 @@ def test_dead_worker_is_reported_and_every_worker_stops(tmp_path, method, how):
 def test_dead_worker_through_torch_facade(tmp_path):
     DataLoader = loader_cls("torch")
     before = procutil.descendants()
-    it = iter(DataLoader(Crash(tmp_path, "SIGKILL", bad=0), batch_size=2, num_workers=2, multiprocessing_context="fork"))
+    it = iter(
+        DataLoader(Crash(tmp_path, "SIGKILL", bad=0), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    )
     with pytest.raises(RuntimeError) as info:
         next(it)
     _, pid = read_worker(tmp_path, "sample-0")
@@ -436,7 +443,7 @@ def test_persistent_worker_killed_between_epochs_is_reported_then_replaced(tmp_p
     _, pid = read_worker(tmp_path, "sample-0")
     os.kill(pid, signal.SIGKILL)
     assert not procutil.wait_until_gone([pid])
-    message = error_text(lambda: list(loader))
+    message = error_text(lambda: list(loader))  # noqa: F821  (a closure over a name deleted below)
     assert message.startswith(f"DataLoader worker (pid {pid}) is killed by signal: Killed."), message
     # A broken pool is not reused: the next epoch starts fresh workers.
     assert [as_list(b) for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -456,7 +463,7 @@ def test_loader_whose_worker_died_can_be_garbage_collected(tmp_path, persistent)
     )
     dataset = weakref.ref(loader.dataset)
     it = iter(loader)
-    assert error_text(lambda: next(it)).startswith("DataLoader worker")
+    assert error_text(lambda: next(it)).startswith("DataLoader worker")  # noqa: F821  (deleted below)
     del it, loader
     gc.collect()
     assert dataset() is None, "the loader, its iterator or its dataset is still referenced after del"
@@ -524,7 +531,9 @@ def _raise_in_body(loader):
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("stop", [_break, _del_iterator, _raise_in_body], ids=["break", "del_iterator", "raise_in_body"])
+@pytest.mark.parametrize(
+    "stop", [_break, _del_iterator, _raise_in_body], ids=["break", "del_iterator", "raise_in_body"]
+)
 def test_stopping_early_reaps_every_worker(method, stop):
     before_procs, before_threads = procutil.descendants(), other_threads()
     loader = conveyor.DataLoader(Squares(16), batch_size=2, num_workers=2, multiprocessing_context=method)
@@ -616,7 +625,8 @@ def start_slow_script(tmp_path, method, dataset="Slow", **popen_kw):
                                          multiprocessing_context=sys.argv[1])
             for batch in loader:
                 pass
-        """ % dataset,
+        """
+        % dataset,
     )
     # stderr goes to a file, not a pipe: a leaked worker would hold a pipe
     # open and make reading it hang instead of failing the test.
@@ -689,12 +699,13 @@ def test_workers_that_cannot_run_a_thread_die_with_the_main_process(tmp_path, me
 def test_workers_started_by_a_thread_that_ends_keep_serving(method):
     """Linux's parent-death signal follows the thread that started a
     process: workers started from a thread that then ends must live on."""
-    loader = conveyor.DataLoader(Squares(12), batch_size=2, num_workers=2, persistent_workers=True,
-                                 multiprocessing_context=method)
+    loader = conveyor.DataLoader(
+        Squares(12), batch_size=2, num_workers=2, persistent_workers=True, multiprocessing_context=method
+    )
     started = {}
 
     def first_pass():
-        started["batches"] = len(list(loader))
+        started["batches"] = len(list(loader))  # noqa: F821  (a closure over a name deleted below)
 
     thread = threading.Thread(target=first_pass)
     thread.start()
@@ -798,11 +809,7 @@ if __name__ == "__main__":
 def test_clean_stops_leave_no_process_thread_or_warning(tmp_path, method):
     script = write_script(tmp_path, CLEANUP_SCRIPT)
     done = subprocess.run(
-        [sys.executable, "-W", "default", script, method],
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=50,
+        [sys.executable, "-W", "default", script, method], env=script_env(), capture_output=True, text=True, timeout=50
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -846,12 +853,27 @@ def unpicklable_case(name):
     if name == "dataset_lock":
         return {"dataset": LockedDataset()}, "dataset.handle", "_thread.lock", lambda: None
     if name == "nested_dataset_lock":
-        return {"dataset": conveyor.Subset(LockedDataset(), [0, 1])}, "dataset.dataset.handle", "_thread.lock", lambda: None
+        return (
+            {"dataset": conveyor.Subset(LockedDataset(), [0, 1])},
+            "dataset.dataset.handle",
+            "_thread.lock",
+            lambda: None,
+        )
     if name == "collate_generator":
         gen = (i for i in range(3))
-        return {"dataset": Squares(16), "collate_fn": collate_over(gen)}, "collate_fn.<closure resource>", "generator", lambda: None
+        return (
+            {"dataset": Squares(16), "collate_fn": collate_over(gen)},
+            "collate_fn.<closure resource>",
+            "generator",
+            lambda: None,
+        )
     if name == "worker_init_fn_lock":
-        return {"dataset": Squares(16), "worker_init_fn": UnpicklableInit()}, "worker_init_fn.guard", "_thread.lock", lambda: None
+        return (
+            {"dataset": Squares(16), "worker_init_fn": UnpicklableInit()},
+            "worker_init_fn.guard",
+            "_thread.lock",
+            lambda: None,
+        )
     raise AssertionError(name)
 
 
@@ -876,9 +898,7 @@ def process_starts(monkeypatch):
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("method", PICKLING_METHODS)
-@pytest.mark.parametrize(
-    "case", ["dataset_lock", "nested_dataset_lock", "collate_generator", "worker_init_fn_lock"]
-)
+@pytest.mark.parametrize("case", ["dataset_lock", "nested_dataset_lock", "collate_generator", "worker_init_fn_lock"])
 def test_unpicklable_argument_fails_before_any_worker_starts(method, case, process_starts):
     kwargs, path, type_name, cleanup = unpicklable_case(case)
     children_before = procutil.children()
@@ -925,7 +945,7 @@ def test_a_script_without_a_main_guard_under_forkserver_says_so():
             f.write(UNGUARDED_SCRIPT)
         done = subprocess.run([sys.executable, script], env=script_env(), capture_output=True, text=True, timeout=100)
     assert done.returncode != 0
-    error = done.stderr[done.stderr.rindex("WorkerDiedError"):]
+    error = done.stderr[done.stderr.rindex("WorkerDiedError") :]
     assert "died while starting, under forkserver" in error, error
     assert "What it printed while starting:" in error and "bootstrapping phase" in error, error
     assert 'if __name__ == "__main__":' in error, error
@@ -946,8 +966,9 @@ def test_a_spawn_worker_that_dies_while_starting_carries_what_it_printed(tmp_pat
     env = script_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     env["DIE_AT_START"] = "1"
-    done = subprocess.run([sys.executable, script, "spawn", str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=100)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, script, "spawn", str(tmp_path)], env=env, capture_output=True, text=True, timeout=100
+    )
     assert done.returncode != 0
     assert "exited unexpectedly with exit code 3" in done.stderr and "died while starting, under spawn" in done.stderr
     assert "What it printed while starting:\nthis worker cannot start: no licence file" in done.stderr, done.stderr
@@ -958,7 +979,8 @@ def test_what_a_spawn_worker_prints_while_starting_still_reaches_stderr(tmp_path
     """Kept apart while the worker starts, what it prints (a warning at
     import, say) is handed on to the main process's stderr once it has."""
     (tmp_path / "sitecustomize.py").write_text(
-        'import sys\nif "spawn_main" in open("/proc/self/cmdline").read():\n    sys.stderr.write("hello from the start\\n")\n'
+        'import sys\nif "spawn_main" in open("/proc/self/cmdline").read():\n    sys.stderr.write("hello from the '
+        'start\\n")\n'
     )
     script = write_script(
         tmp_path,

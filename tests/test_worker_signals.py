@@ -101,8 +101,11 @@ def run_and_signal(tmp_path, method, signame, own=False):
     with open(tmp_path / "stderr.txt", "w+") as stderr:
         proc = subprocess.Popen(
             [sys.executable, str(script), str(out), method, signame, "own" if own else "main"],
-            env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
-        )  # fmt: skip
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + READY_WITHIN_S
             while not (out / "ready").exists():
@@ -187,7 +190,7 @@ def test_a_per_sample_alarm_in_a_worker_still_works():
 #: The signals the forkserver script reports, in its order.
 JOB_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
-OWN_FORKSERVER_SCRIPT = '''
+OWN_FORKSERVER_SCRIPT = """
 import multiprocessing, signal, sys, time
 import conveyor
 
@@ -210,7 +213,7 @@ if __name__ == "__main__":
     child.terminate()
     child.join(30)
     print(child.exitcode)
-'''
+"""
 
 
 @pytest.mark.timeout(120)

@@ -113,9 +113,7 @@ def wait_until(predicate, what):
 
 def run_python(args, cwd, timeout_s=45):
     """Run ``python args...`` in a fresh interpreter; return its stdout parsed as JSON."""
-    done = subprocess.run(
-        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout_s
-    )
+    done = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, f"exit code {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -439,9 +437,7 @@ def test_prefetch_factor_bounds_the_batches_in_flight(tmp_path, Loader, prefetch
     log = tmp_path / "fetched"
     num_workers = 2
     limit = prefetch_factor * num_workers
-    loader = Loader(
-        Logged(20, log), batch_size=1, num_workers=num_workers, prefetch_factor=prefetch_factor
-    )
+    loader = Loader(Logged(20, log), batch_size=1, num_workers=num_workers, prefetch_factor=prefetch_factor)
     delivered = []
     for k, batch in enumerate(loader):
         delivered.append(int(batch[0]))
@@ -634,7 +630,9 @@ class InfoProbe:
             "dataset_is_own_copy": info.dataset is self,
             "type": type(info).__name__,
             "frozen": frozen,
-            "repr_has_torch_fields": all(f"{k}=" in repr(info) for k in ("id", "num_workers", "seed", "dataset", "rng")),
+            "repr_has_torch_fields": all(
+                f"{k}=" in repr(info) for k in ("id", "num_workers", "seed", "dataset", "rng")
+            ),
         }
 
 
@@ -685,7 +683,12 @@ def make_lazy_torch_dataset(n):
             import torch.utils.data  # binds a local name: nothing refers to a global torch
 
             info = torch.utils.data.get_worker_info()
-            return {"i": i, "torch_worker_id": -1 if info is None else info.id, "draw": torch.rand(()).item(), "pid": os.getpid()}
+            return {
+                "i": i,
+                "torch_worker_id": -1 if info is None else info.id,
+                "draw": torch.rand(()).item(),
+                "pid": os.getpid(),
+            }
 
     return LazyTorch()
 
@@ -698,7 +701,10 @@ def test_dataset_importing_torch_lazily_under_spawn_gets_worker_info_and_seeds()
     from torch's unseeded generator, and sharded datasets load everything twice)."""
     dataset = make_lazy_torch_dataset(4)
     expected = [values(b) for b in conveyor.DataLoader(dataset, batch_size=None, seed=2)]
-    got = [values(b) for b in conveyor.DataLoader(dataset, batch_size=None, seed=2, num_workers=2, multiprocessing_context="spawn")]
+    got = [
+        values(b)
+        for b in conveyor.DataLoader(dataset, batch_size=None, seed=2, num_workers=2, multiprocessing_context="spawn")
+    ]
     assert len({s["pid"] for s in got}) == 2
     assert [s["torch_worker_id"] for s in got if s["torch_worker_id"] == -1] == [], (
         f"torch.utils.data.get_worker_info() returned None in a conveyor worker: {got}"
@@ -716,9 +722,7 @@ def log_init_draws(path, worker_id):
 @pytest.mark.timeout(30)
 def test_workers_draw_different_numbers(tmp_path, Loader):
     log = tmp_path / "init_draws"
-    loader = Loader(
-        Draws(8), batch_size=1, num_workers=2, worker_init_fn=functools.partial(log_init_draws, str(log))
-    )
+    loader = Loader(Draws(8), batch_size=1, num_workers=2, worker_init_fn=functools.partial(log_init_draws, str(log)))
     samples = [values(b) for b in loader]
     assert len({s["pid"][0] for s in samples}) == 2
     for generator in ("random", "numpy", "torch"):
@@ -733,7 +737,9 @@ def test_workers_draw_different_numbers(tmp_path, Loader):
 @pytest.mark.timeout(40)
 def test_draws_are_reproducible_from_seed(Loader):
     def run(seed):
-        return [plain(b) for b in Loader(Draws(8, with_pid=False), batch_size=2, shuffle=True, num_workers=2, seed=seed)]
+        return [
+            plain(b) for b in Loader(Draws(8, with_pid=False), batch_size=2, shuffle=True, num_workers=2, seed=seed)
+        ]
 
     first = run(3)
     assert run(3) == first
@@ -875,8 +881,12 @@ def test_parity_with_torch_with_persistent_workers_over_epochs(draws_from):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "workers",
-    [{}, {"num_workers": 2}, {"num_workers": 2, "worker_method": "thread"},
-     {"num_workers": 2, "persistent_workers": True}],
+    [
+        {},
+        {"num_workers": 2},
+        {"num_workers": 2, "worker_method": "thread"},
+        {"num_workers": 2, "persistent_workers": True},
+    ],
     ids=["in process", "processes", "threads", "persistent workers"],
 )
 def test_an_iterator_at_its_end_keeps_raising_stop_iteration_as_torchs(workers):

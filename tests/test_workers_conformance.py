@@ -27,16 +27,16 @@ import pytest
 
 import conveyor
 import procutil
+from conveyor._engine.executor.kinds import MAP
 from conveyor._engine.loading.fetch import FetchSpec, collate_route
+from conveyor._engine.loading.serving import Place, WorkerConfig
 from conveyor._engine.transport.messages import Batch, Fatal, Ready, Task, TaskFailed
 from conveyor._engine.workers.inline import InlineWorkers
-from conveyor._engine.executor.kinds import MAP
 from conveyor._engine.workers.pool import WorkerPool
-from conveyor._engine.workers.threads import ThreadWorkers
-from conveyor._engine.workers.ray_actors import RayActorWorkers
-from conveyor.ray_options import RayWorkers
-from conveyor._engine.loading.serving import Place, WorkerConfig
 from conveyor._engine.workers.protocol import EXITED
+from conveyor._engine.workers.ray_actors import RayActorWorkers
+from conveyor._engine.workers.threads import ThreadWorkers
+from conveyor.ray_options import RayWorkers
 from ray_helpers import local_ray  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -85,15 +85,28 @@ def ray_for_the_module(request):
 def config_maker(num_workers: int, place: Place):
     collate_into, to_torch = collate_route(conveyor.default_collate)
     spec = FetchSpec(
-        dataset=Samples(), kind=MAP, auto_collation=True, batch_size=2, drop_last=False,
-        collate_fn=conveyor.default_collate, collate_into=collate_into, to_torch=to_torch,
-    )  # fmt: skip
+        dataset=Samples(),
+        kind=MAP,
+        auto_collation=True,
+        batch_size=2,
+        drop_last=False,
+        collate_fn=conveyor.default_collate,
+        collate_into=collate_into,
+        to_torch=to_torch,
+    )
 
     def make(worker_id, fds, close_fds):
         return WorkerConfig(
-            worker_id=worker_id, num_workers=num_workers, seed=1234 + worker_id, fetch=spec, worker_init_fn=None,
-            parent_pid=os.getpid() if place is Place.PROCESS else None, close_fds=close_fds, fds=fds, place=place,
-        )  # fmt: skip
+            worker_id=worker_id,
+            num_workers=num_workers,
+            seed=1234 + worker_id,
+            fetch=spec,
+            worker_init_fn=None,
+            parent_pid=os.getpid() if place is Place.PROCESS else None,
+            close_fds=close_fds,
+            fds=fds,
+            place=place,
+        )
 
     return make
 
@@ -183,7 +196,7 @@ def test_user_code_that_ends_its_worker_is_fatal_then_exited(workers):
     worker = workers.workers[-1]
     send(workers, worker, [[64, 65], [66, 67]])
     if workers.place is Place.INLINE:  # (the loop's own thread: raised as it is, after the batch before)
-        (_, first), = workers.wait(0)
+        ((_, first),) = workers.wait(0)
         assert isinstance(first, Batch) and first.batch_index == 0
         with pytest.raises(SystemExit) as ended:
             workers.wait(0)

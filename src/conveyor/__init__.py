@@ -7,17 +7,12 @@ same API returning torch tensors::
     import conveyor.torch as data       # drop-in for torch.utils.data
 """
 
-from .compact import CompactList
+from ._engine.errors import TransportError, WorkerDiedError
+from ._engine.executor.watchdog import StallWarning
+from ._engine.info import WorkerInfo, get_worker_info
 from .collate import PadCollate, default_collate, default_convert, register_collate
-from .dataset import (
-    ChainDataset,
-    ConcatDataset,
-    Dataset,
-    IterableDataset,
-    StackDataset,
-    Subset,
-    TensorDataset,
-)
+from .compact import CompactList
+from .dataset import ChainDataset, ConcatDataset, Dataset, IterableDataset, StackDataset, Subset, TensorDataset
 from .loader import DataLoader
 from .ray_options import RayWorkers
 from .rng import SampleRandom, derive_seed, sample_rng
@@ -32,12 +27,9 @@ from .sampler import (
     TokenBudgetBatchSampler,
     WeightedRandomSampler,
 )
-from ._engine.errors import TransportError, WorkerDiedError
-from ._engine.info import WorkerInfo, get_worker_info
-from ._engine.executor.watchdog import StallWarning
 from .sharding import ShardedIterable
-from .splits import random_split
 from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample
+from .splits import random_split
 from .state import Stateful
 
 __version__ = "0.1.0"

@@ -81,14 +81,16 @@ def check_multiprocessing_context(context: Any, num_workers: int, worker_method:
 
 
 def check_workers(
-    num_workers: Any, timeout: Any, prefetch_factor: Any, persistent_workers: bool, worker_method: Any = "multiprocessing"
+    num_workers: Any,
+    timeout: Any,
+    prefetch_factor: Any,
+    persistent_workers: bool,
+    worker_method: Any = "multiprocessing",
 ) -> None:
     if not is_int(num_workers):
         raise TypeError(f"num_workers must be an int, got {type(num_workers).__name__} ({num_workers!r})")
     if num_workers < 0:
-        raise ValueError(
-            "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."
-        )
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
     if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool):
         raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__} ({timeout!r})")
     if timeout < 0:
@@ -107,8 +109,7 @@ def check_workers(
             raise ValueError("prefetch_factor option should be non-negative")
         if prefetch_factor == 0:
             raise ValueError(
-                "prefetch_factor=0 would keep no batch in flight and load nothing; use 1 or more "
-                "(the default is 2)"
+                "prefetch_factor=0 would keep no batch in flight and load nothing; use 1 or more (the default is 2)"
             )
     if num_workers > 0 and local_processes(worker_method):
         unsupported = portable.workers_unsupported()
@@ -119,6 +120,7 @@ def check_workers(
             "persistent_workers option needs num_workers > 0 (conveyor: set num_workers, or drop "
             "persistent_workers=True)"
         )
+
 
 def warn_worker_count(num_workers: int, worker_method: Any, available: int) -> None:
     """torch's warning for more worker processes than usable cores (threads
@@ -147,7 +149,9 @@ def check_skip_bad_samples(value: Any, iterable: bool) -> Any:
     return budget
 
 
-def check_batching(iterable: bool, shuffle: Any, sampler: Any, batch_sampler: Any, batch_size: Any, drop_last: bool) -> tuple:
+def check_batching(
+    iterable: bool, shuffle: Any, sampler: Any, batch_sampler: Any, batch_size: Any, drop_last: bool
+) -> tuple:
     """The sampler and batching options, checked as torch checks them (and
     a few more); (shuffle, batch_size, drop_last) as the loader keeps them."""
     if iterable:
@@ -219,7 +223,10 @@ def check_stats(collect_stats: Any, progress: Any) -> None:
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {type(value).__name__} ({value!r})")
     if progress and not collect_stats:
-        raise ValueError("progress=True shows the loader's stats, which collect_stats=False turns off; drop one of them")
+        raise ValueError(
+            "progress=True shows the loader's stats, which collect_stats=False turns off; drop one of them"
+        )
+
 
 def check_dataset(dataset: Any) -> bool:
     if is_iterable_dataset(dataset):
@@ -232,10 +239,12 @@ def check_dataset(dataset: Any) -> bool:
         f"conveyor.Dataset or conveyor.IterableDataset, or wrap your data in a list"
     )
 
+
 def check_callables(collate_fn: Any, worker_init_fn: Any) -> None:
     for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
+
 
 def check_seed(seed: Any, generator: Any) -> None:
     if seed is None:
@@ -243,9 +252,8 @@ def check_seed(seed: Any, generator: Any) -> None:
     if not is_int(seed):
         raise TypeError(f"seed must be an int, got {type(seed).__name__} ({seed!r})")
     if generator is not None:
-        raise ValueError(
-            "seed and generator are mutually exclusive: both would decide the shuffle; pass one"
-        )
+        raise ValueError("seed and generator are mutually exclusive: both would decide the shuffle; pass one")
+
 
 def check_iterable_options(shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
     if shuffle not in {False, None}:
@@ -264,6 +272,7 @@ def check_iterable_options(shuffle: Any, sampler: Any, batch_sampler: Any) -> No
             f"DataLoader with IterableDataset: expected unspecified batch_sampler option, but got "
             f"batch_sampler={batch_sampler} (conveyor: use batch_size= instead)"
         )
+
 
 def check_batch_size(batch_size: Any) -> None:
     if not is_int(batch_size) or batch_size <= 0:

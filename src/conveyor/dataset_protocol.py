@@ -71,8 +71,7 @@ class Dataset(Generic[T_co]):
 
     def __getitem__(self, index: Any) -> T_co:
         raise NotImplementedError(
-            f"Subclasses of Dataset should implement __getitem__. "
-            f"{type(self).__name__} does not."
+            f"Subclasses of Dataset should implement __getitem__. {type(self).__name__} does not."
         )
 
     def __add__(self, other: Dataset[T_co]) -> ConcatDataset[T_co]:
@@ -248,8 +247,7 @@ class ConcatDataset(Dataset[T_co]):
         if idx < 0:
             if -idx > length:
                 raise ValueError(
-                    f"absolute value of index should not exceed dataset length: "
-                    f"index {idx}, length {length}"
+                    f"absolute value of index should not exceed dataset length: index {idx}, length {length}"
                 )
             return length + idx
         if idx >= length:
@@ -260,11 +258,7 @@ class ConcatDataset(Dataset[T_co]):
     @property
     def cummulative_sizes(self) -> list[int]:
         """Deprecated misspelling of :attr:`cumulative_sizes`, kept for torch code."""
-        warnings.warn(
-            "`cummulative_sizes` attribute is renamed to `cumulative_sizes`",
-            FutureWarning,
-            stacklevel=2,
-        )
+        warnings.warn("`cummulative_sizes` attribute is renamed to `cumulative_sizes`", FutureWarning, stacklevel=2)
         return self.cumulative_sizes
 
 
@@ -299,4 +293,3 @@ class ChainDataset(IterableDataset):
         for dataset in self.datasets:
             _require_iterable(dataset)
         return sum(len(dataset) for dataset in self.datasets)
-

@@ -55,8 +55,7 @@ class TensorDataset(Dataset[tuple]):
         sizes = [_first_dim(t, position) for position, t in enumerate(tensors)]
         if any(size != sizes[0] for size in sizes):
             raise InvalidDatasetArgument(
-                f"Size mismatch between tensors: first dimensions are {sizes}; "
-                f"all must be equal"
+                f"Size mismatch between tensors: first dimensions are {sizes}; all must be equal"
             )
         self.tensors = tensors
 
@@ -132,7 +131,6 @@ class StackDataset(Dataset[_Stacked]):
 
     def __len__(self) -> int:
         return self._length
-
 
 
 class Subset(Dataset[T_co]):

@@ -30,10 +30,10 @@ import sys
 import warnings
 import weakref
 from time import perf_counter
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
-from ._engine.executor.records import Delivered, Executor
 from ._engine.executor.pin import PinThread, pin_tree
+from ._engine.executor.records import Delivered, Executor
 from ._engine.transport.messages import Task
 from .plan import Plan
 from .skips import BadSampleBudgetExceeded, SkipLedger
@@ -49,9 +49,16 @@ class LoaderIterator:
     """One pass over the data. Owns its executor unless workers persist."""
 
     def __init__(
-        self, loader: Any, executor: Executor, owned: bool, start: Start, batches: Iterator, plan: Plan, started_at: float,
+        self,
+        loader: Any,
+        executor: Executor,
+        owned: bool,
+        start: Start,
+        batches: Iterator,
+        plan: Plan,
+        started_at: float,
         dataset_epoch: Optional[int] = None,
-    ):  # fmt: skip
+    ):
         self._loader = loader  # (for len(iterator) only)
         self._plan = plan
         progress, resume = start.progress, start.resume
@@ -232,13 +239,19 @@ class LoaderIterator:
 
 
 def _plan(
-    indices: Iterator, epoch_id: int, base_seed: int, first_index: int, skip: frozenset, kind: Any,
+    indices: Iterator,
+    epoch_id: int,
+    base_seed: int,
+    first_index: int,
+    skip: frozenset,
+    kind: Any,
     dataset_epoch: Optional[int] = None,
-) -> Iterator[Task]:  # fmt: skip
+) -> Iterator[Task]:
     """The pass's tasks from batch ``first_index`` on, each with its seed,
     the time the sampler took to draw it and the dataset's epoch
     (dataset_epoch.py), leaving out ``skip`` (the executor books each as
-    it sends it). (A resumed sampler that cannot jump has already drawn and dropped the batches before ``first_index``: ``replay``.)"""
+    it sends it). (A resumed sampler that cannot jump has already drawn and
+    dropped the batches before ``first_index``: ``replay``.)"""
     batch_index = first_index
     while True:
         asked_at = perf_counter()
@@ -286,7 +299,11 @@ def _length(plan: Plan) -> Optional[int]:
 
 
 def _close_iteration(
-    pin_thread: Optional[PinThread], executor: Any, progress: EpochProgress, stats: Optional[StatsRecorder], pass_id: int
+    pin_thread: Optional[PinThread],
+    executor: Any,
+    progress: EpochProgress,
+    stats: Optional[StatsRecorder],
+    pass_id: int,
 ) -> None:
     """End of one pass (exhausted, abandoned or collected): stop pinning,
     stop the workers when this pass owns them, and let the loader load a state."""

@@ -34,31 +34,25 @@ import conveyor.sampler as _sampler
 import conveyor.skips as _skips
 import conveyor.state as _state
 import conveyor.stats as _stats
-from .first_draw import PassBatches
-from .iteration import LoaderIterator
-from ._engine.executor.pin import pinning
-from .stats.scalars import MetricsWriter, stats_callback
-from .plan import Plan
-from .loader_plan import make_plan
-from .ray_options import RayWorkers
+
 from ._engine.cpu import usable_cores
 from ._engine.executor.core import PoolExecutor
-from .persistent import PersistentWorkers, started
+from ._engine.executor.pin import pinning
 from .dataset_epoch import DatasetEpoch
+from .first_draw import PassBatches
+from .iteration import LoaderIterator
+from .loader_plan import make_plan
+from .persistent import PersistentWorkers, started
+from .plan import Plan
+from .ray_options import RayWorkers
+from .sampler.samplers import _InfiniteConstantSampler
+from .stats.scalars import MetricsWriter, stats_callback
 
 __all__ = ["DataLoader"]
 
 T_co = TypeVar("T_co", covariant=True)
 
 _FROZEN_AFTER_INIT = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
-
-
-class _InfiniteConstantSampler:
-    """For iterable datasets: an endless stream of ``None`` (the dataset decides)."""
-
-    def __iter__(self) -> Iterator[None]:
-        while True:
-            yield None
 
 
 class DataLoader(Generic[T_co]):
@@ -154,12 +148,15 @@ class DataLoader(Generic[T_co]):
         _args.check_stall_warning(stall_warning)
         _args.check_stats(collect_stats, progress)
         _args.check_reads_in_flight(reads_in_flight, dataset)
-        self._prefetch_given, prefetch_factor = prefetch_factor is not None, _args.default_prefetch(num_workers, prefetch_factor)
+        self._prefetch_given = prefetch_factor is not None
+        prefetch_factor = _args.default_prefetch(num_workers, prefetch_factor)
         iterable = _args.check_dataset(dataset)
         self.skip_bad_samples = _args.check_skip_bad_samples(skip_bad_samples, iterable)
         _args.check_callables(collate_fn, worker_init_fn)
         _args.check_seed(seed, generator)
-        shuffle, batch_size, drop_last = _args.check_batching(iterable, shuffle, sampler, batch_sampler, batch_size, drop_last)
+        shuffle, batch_size, drop_last = _args.check_batching(
+            iterable, shuffle, sampler, batch_sampler, batch_size, drop_last
+        )
 
         self.dataset = dataset
         self.num_workers = num_workers
@@ -284,7 +281,9 @@ class DataLoader(Generic[T_co]):
         """
         return self._recorder().snapshot(since)
 
-    def on_stats(self, callback: Union[Callable[[_stats.LoaderStats], Any], MetricsWriter], every_s: float = 10.0) -> Callable[[], None]:
+    def on_stats(
+        self, callback: Union[Callable[[_stats.LoaderStats], Any], MetricsWriter], every_s: float = 10.0
+    ) -> Callable[[], None]:
         """Call ``callback(loader.stats())`` every ``every_s`` seconds while
         iterating, and at the end of each pass, from the loop's thread (its
         ``interval``: since the previous call). For loggers: a JSON lines
@@ -376,9 +375,11 @@ class DataLoader(Generic[T_co]):
         started_at = perf_counter()
         plan = self._plan()
         if plan.delivering.pin:  # (whether it can be done, said once per pass, as torch says it)
-            plan = dataclasses.replace(plan, delivering=dataclasses.replace(plan.delivering, pin=self._warn_pin_memory()))
+            delivering = dataclasses.replace(plan.delivering, pin=self._warn_pin_memory())
+            plan = dataclasses.replace(plan, delivering=delivering)
         wired = PassBatches(plan.sampling.index_sampler, plan.sampling.sampler_text)  # (before the pass is published)
-        start = self._tracker.begin(_state.LoaderView.of(plan), wired)  # the base seed is drawn before the sampler draws, as torch
+        # (the base seed is drawn before the sampler draws, as torch)
+        start = self._tracker.begin(_state.LoaderView.of(plan), wired)
         executor, owned = self._executor_for(plan, start.base_seed)
         epoch = self._dataset_epoch.now(self.dataset)  # (the dataset's, for the workers' copies)
         assert wired.batches is not None  # (made by begin)
@@ -397,4 +398,3 @@ class DataLoader(Generic[T_co]):
             f"{type(self).__name__}(dataset={type(self.dataset).__name__}, batch_size={self.batch_size}, "
             f"num_workers={self.num_workers})"
         )
-

@@ -93,7 +93,11 @@ class RayWorkers:
                 )
         object.__setattr__(self, "resources", dict(self.resources))
         _check_strategy(self.scheduling_strategy)
-        if not isinstance(self.restart_lost, numbers.Integral) or isinstance(self.restart_lost, bool) or self.restart_lost < 0:
+        if (
+            not isinstance(self.restart_lost, numbers.Integral)
+            or isinstance(self.restart_lost, bool)
+            or self.restart_lost < 0
+        ):
             raise ValueError(
                 f"RayWorkers(restart_lost=) is how many times in all a lost worker is started again: an int, "
                 f"0 or more, got {self.restart_lost!r}"

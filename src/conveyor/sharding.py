@@ -27,7 +27,6 @@ from ._engine.info import get_worker_info
 from .arguments import is_int
 from .dataset import IterableDataset
 
-
 #: What ``even=`` takes (None: each rank gets its share, which may differ by one item).
 EVEN_POLICIES = (None, "drop", "pad")
 
@@ -116,7 +115,9 @@ class ShardedIterable(IterableDataset):
         if (num_replicas is None) != (rank is None):
             raise ValueError("pass num_replicas and rank together, or neither (to read them from torch.distributed)")
         if num_replicas is not None and rank is not None and not (0 <= rank < num_replicas):
-            raise ValueError(f"rank must satisfy 0 <= rank < num_replicas, got rank={rank}, num_replicas={num_replicas}")
+            raise ValueError(
+                f"rank must satisfy 0 <= rank < num_replicas, got rank={rank}, num_replicas={num_replicas}"
+            )
         if even not in EVEN_POLICIES:
             raise ValueError(f"even must be one of {EVEN_POLICIES}, got {even!r}")
         if even is not None and not hasattr(source, "__len__"):
@@ -159,7 +160,9 @@ class ShardedIterable(IterableDataset):
         return rank + replicas * worker, replicas * workers
 
     def _items(self) -> Iterator[Any]:
-        return iter(self.source()) if callable(self.source) and not hasattr(self.source, "__iter__") else iter(self.source)
+        return (
+            iter(self.source()) if callable(self.source) and not hasattr(self.source, "__iter__") else iter(self.source)
+        )
 
     def _positions(self) -> tuple[Iterator[Any], Optional[int]]:
         """The items by position, and where the sharded positions end (None:

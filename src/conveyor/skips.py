@@ -123,7 +123,9 @@ class SkipLedger:
         for record in records:
             self.skipped.append(record)
             # No "conveyor:" here: the logger's name says it (``%(name)s: %(message)s``).
-            log.warning("skipped sample %r of batch %d (%s): %s", record.index, record.batch_index, record.worker, record.error)
+            log.warning(
+                "skipped sample %r of batch %d (%s): %s", record.index, record.batch_index, record.worker, record.error
+            )
         limit = self.budget.limit(self.epoch_samples)
         if len(self.skipped) > limit:
             raise BadSampleBudgetExceeded(self._message(limit), tuple(self.skipped))

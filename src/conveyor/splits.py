@@ -58,17 +58,13 @@ def _as_split_lengths(lengths: Sequence[int | float], total: int) -> list[int]:
     try:
         ints = [_as_index(length) for length in as_given]
     except TypeError:
-        raise TypeError(
-            f"random_split lengths must be ints, or fractions that sum to 1; got {as_given}"
-        ) from None
+        raise TypeError(f"random_split lengths must be ints, or fractions that sum to 1; got {as_given}") from None
     if any(length < 0 for length in ints):
         raise ValueError(f"random_split lengths must not be negative; got {ints}")
     return ints
 
 
-def random_split(
-    dataset: Any, lengths: Sequence[int | float], generator: GeneratorLike = None
-) -> list[Subset]:
+def random_split(dataset: Any, lengths: Sequence[int | float], generator: GeneratorLike = None) -> list[Subset]:
     """Split ``dataset`` at random into non-overlapping :class:`Subset` s.
 
     ``lengths`` are sample counts summing to ``len(dataset)``, or fractions
@@ -87,6 +83,4 @@ def random_split(
     split_lengths = _as_split_lengths(lengths, len(dataset))
     order = source_for(generator, "numpy").permutation(sum(split_lengths))
     ends = itertools.accumulate(split_lengths)
-    return [
-        Subset(dataset, order[end - length : end]) for end, length in zip(ends, split_lengths)
-    ]
+    return [Subset(dataset, order[end - length : end]) for end, length in zip(ends, split_lengths)]

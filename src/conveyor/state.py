@@ -50,7 +50,6 @@ from .state_apply import apply_parts, generator_state, positioned, undone_on_fai
 from .state_format import STATE_VERSION, LoaderView, settings
 from .state_records import Copies, LoaderState, ReplayPoint
 from .state_upgrade import upgrade
-
 from .stateful import Stateful, is_stateful
 
 __all__ = ["Stateful", "STATE_VERSION", "ResumeTracker", "LoaderView", "EpochProgress", "ResumePoint", "Start"]
@@ -98,9 +97,13 @@ class ResumeTracker:
                 break  # (else a handler's save pinned this epoch's base seed meanwhile: start with it)
         # Published in one call: a handler runs before or after it, never amid it.
         vars(self).update(
-            _resume=None, _next_copies=None, _next_base_seed=None, epoch=start.epoch + 1,
-            _last_base_seed=start.base_seed, _progress=start.progress,
-        )  # fmt: skip
+            _resume=None,
+            _next_copies=None,
+            _next_base_seed=None,
+            epoch=start.epoch + 1,
+            _last_base_seed=start.base_seed,
+            _progress=start.progress,
+        )
         return start
 
     def _start(self, view: LoaderView) -> Start:
@@ -300,7 +303,5 @@ class ResumeTracker:
         self._resume = None
         if in_epoch:
             self._resume = ResumePoint(
-                state=loaded,
-                given=copy.deepcopy(dict(state)),
-                sampler_skip=0 if (jumps or view.iterable) else position,
+                state=loaded, given=copy.deepcopy(dict(state)), sampler_skip=0 if (jumps or view.iterable) else position
             )

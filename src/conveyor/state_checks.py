@@ -72,7 +72,9 @@ def read_position(state: Mapping[str, Any]) -> tuple[int, bool, Any, int, tuple[
     if not _is_int(position):
         raise StateError("position", f"is {position!r}, where the batches delivered (an int >= 0) belong")
     if not isinstance(ahead, list) or not all(_is_int(index, position + 1) for index in ahead):
-        raise StateError("delivered_ahead", f"is {ahead!r}, where a list of batch indices after the position {position} belongs")
+        raise StateError(
+            "delivered_ahead", f"is {ahead!r}, where a list of batch indices after the position {position} belongs"
+        )
     if not in_epoch and (position != 0 or ahead):
         key = "position" if position != 0 else "delivered_ahead"
         raise StateError(key, f"is {state[key]!r} with 'in_epoch' False: between epochs no batch is delivered yet")
@@ -93,7 +95,8 @@ def check_sampler(sampler: Any, saved: Any, position: int, in_epoch: bool, itera
         raise StateError("sampler", f"is {saved!r}, where the index sampler's state (a dict) or None belongs")
     if in_epoch and _has_position(saved) and saved["in_iteration"] is True and saved["position"] != position:
         raise StateError(
-            "sampler", f"stands at batch {saved['position']!r}, but the state's position is {position}: the two move together"
+            "sampler",
+            f"stands at batch {saved['position']!r}, but the state's position is {position}: the two move together",
         )
 
 
@@ -160,8 +163,14 @@ def check_copies(view: Any, saved: Any, delivered: Optional[int]) -> None:
         raise StateError("copies", f"is {saved!r}, where a dict of 'states', 'retired' and 'next' belongs")
     states, retired, turn = saved["states"], saved["retired"], saved["next"]
     if not isinstance(states, list) or len(states) != count:
-        raise StateError("copies", f"holds {_count(states)} states, where this loader has {count} (num_workers={view.num_workers})")
-    if not isinstance(retired, list) or not all(_is_int(w, 0, count) for w in retired) or len(set(retired)) != len(retired):
+        raise StateError(
+            "copies", f"holds {_count(states)} states, where this loader has {count} (num_workers={view.num_workers})"
+        )
+    if (
+        not isinstance(retired, list)
+        or not all(_is_int(w, 0, count) for w in retired)
+        or len(set(retired)) != len(retired)
+    ):
         raise StateError("copies", f"retires {retired!r}, where a list of distinct worker ids below {count} belongs")
     if not _is_int(turn, 0, count):
         raise StateError("copies", f"gives the next turn to {turn!r}, where a worker id below {count} belongs")

@@ -36,7 +36,6 @@ import numpy as np
 from .rng import derive_seed, is_torch_generator, source_for
 from .sampler.fingerprint import describe_arguments, torch_sampler_arguments
 
-
 #: Version of the loader state layout; a state of another version is refused.
 #: 2: the copies of an iterable dataset (workers, or the one in-process) are
 #: saved alike, and one without state resumes by fast-forward in its process.
@@ -82,7 +81,7 @@ def mismatch_error(owner: str, what: str, saved: Mapping[str, Any], mine: Mappin
 
 
 def owner_noun(owner: str) -> str:
-    """"loader" for a DataLoader's state, "sampler" for a sampler's."""
+    """ "loader" for a DataLoader's state, "sampler" for a sampler's."""
     return "loader" if owner.endswith("DataLoader") else "sampler"
 
 

@@ -48,7 +48,9 @@ def upgrade(state: Any) -> Any:
     upgraded = {key: value for key, value in state.items() if key not in (*EARLY_V2_KEYS, "checksum")}
     copies = state["worker_progress"]
     settings = state.get("settings")
-    in_process = isinstance(settings, Mapping) and settings.get("dataset") == "iterable" and settings.get("num_workers") == 0
+    in_process = (
+        isinstance(settings, Mapping) and settings.get("dataset") == "iterable" and settings.get("num_workers") == 0
+    )
     if copies is None and in_process and state.get("in_epoch") is True:
         one = {
             "dataset_state": state["dataset_state"],

@@ -28,22 +28,20 @@ import torch.utils.data as _tud
 from torch.utils.data.dataloader import _DatasetKind
 
 from . import __all__ as _core_names
-
 from . import collate as _collate
 from . import dataset as _dataset
 from . import loader as _loader
 from . import sampler as _sampler
 from . import sharding as _sharding
 from . import splits as _splits
-from .compact import CompactList  # noqa: F401  (re-exported)
-from .state import Stateful  # noqa: F401  (re-exported)
-from ._engine.info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
-from .rng import GeneratorLike
-from .rng import SampleRandom, sample_rng  # noqa: F401  (re-exported)
-from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample  # noqa: F401  (re-exported)
-from .ray_options import RayWorkers  # noqa: F401  (re-exported)
 from ._engine.errors import TransportError, WorkerDiedError  # noqa: F401  (re-exported)
 from ._engine.executor.watchdog import StallWarning  # noqa: F401  (re-exported)
+from ._engine.info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
+from .compact import CompactList  # noqa: F401  (re-exported)
+from .ray_options import RayWorkers  # noqa: F401  (re-exported)
+from .rng import GeneratorLike, SampleRandom, sample_rng  # noqa: F401  (re-exported)
+from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample  # noqa: F401  (re-exported)
+from .state import Stateful  # noqa: F401  (re-exported)
 
 #: The core's public names (each given its torch flavour below), less the
 #: core-only seed helper, plus torchdata's loader name.
@@ -70,26 +68,42 @@ if TYPE_CHECKING:
     # method or attribute differently (__add__'s result, ChainDataset.datasets, ...), conveyor's
     # comes first in the MRO and is the one used: the ignores say so.
     class Dataset(_dataset.Dataset[_T_co], _tud.Dataset[_T_co]): ...  # type: ignore[misc]
+
     class IterableDataset(_dataset.IterableDataset[_T_co], _tud.IterableDataset[_T_co]): ...  # type: ignore[misc]
+
     class TensorDataset(_dataset.TensorDataset, _tud.TensorDataset): ...  # type: ignore[misc]
+
     class StackDataset(_dataset.StackDataset[_Stacked], _tud.StackDataset):  # type: ignore[misc]
         @overload
         def __init__(self: StackDataset[tuple[Any, ...]], *args: Any) -> None: ...
         @overload
         def __init__(self: StackDataset[dict[str, Any]], **kwargs: Any) -> None: ...
         def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+
     class ConcatDataset(_dataset.ConcatDataset[_T_co], _tud.ConcatDataset[_T_co]): ...  # type: ignore[misc]
+
     class ChainDataset(_dataset.ChainDataset, _tud.ChainDataset): ...  # type: ignore[misc]
+
     class Subset(_dataset.Subset[_T_co], _tud.Subset[_T_co]): ...  # type: ignore[misc]
+
     class ShardedIterable(_sharding.ShardedIterable, _tud.IterableDataset): ...  # type: ignore[misc]
+
     class Sampler(_sampler.Sampler[_T_co], _tud.Sampler[_T_co]): ...
+
     class SequentialSampler(_sampler.SequentialSampler, _tud.SequentialSampler): ...
+
     class RandomSampler(_sampler.RandomSampler, _tud.RandomSampler): ...
+
     class SubsetRandomSampler(_sampler.SubsetRandomSampler, _tud.SubsetRandomSampler): ...
+
     class WeightedRandomSampler(_sampler.WeightedRandomSampler, _tud.WeightedRandomSampler): ...  # type: ignore[misc]
+
     class BatchSampler(_sampler.BatchSampler, _tud.BatchSampler): ...
+
     class DistributedSampler(_sampler.DistributedSampler, _tud.DistributedSampler): ...  # type: ignore[misc]
+
     class ShardedSampler(_sampler.ShardedSampler, _tud.Sampler): ...
+
     class TokenBudgetBatchSampler(_sampler.TokenBudgetBatchSampler, _tud.Sampler): ...
 else:
     # Datasets: conveyor's behaviour; instances of torch's class of the same name.
@@ -122,9 +136,7 @@ PadCollate = _collate.TorchPadCollate
 
 
 def random_split(
-    dataset: Any,
-    lengths: Sequence[Union[int, float]],
-    generator: GeneratorLike = None,
+    dataset: Any, lengths: Sequence[Union[int, float]], generator: GeneratorLike = None
 ) -> list[Subset[Any]]:
     """Split ``dataset`` into non-overlapping subsets, as torch.utils.data does.
 

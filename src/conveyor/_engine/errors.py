@@ -266,7 +266,10 @@ def start_death_error(pid: int, exitcode: Optional[int], worker_id: int, method:
     """A worker that died while starting, before it could report: how, and
     what it printed then (its own error), with the fix when it is the
     classic one (a script without ``if __name__ == "__main__":``)."""
-    text = f"{describe_exit(pid, exitcode)} (conveyor: worker {worker_id} died while starting, under {method}, before it was ready.)"
+    text = (
+        f"{describe_exit(pid, exitcode)} (conveyor: worker {worker_id} died while starting, under {method}, before "
+        f"it was ready.)"
+    )
     if printed:
         text += f"\nWhat it printed while starting:\n{printed}"
     else:
@@ -274,8 +277,8 @@ def start_death_error(pid: int, exitcode: Optional[int], worker_id: int, method:
     if any(mark in printed for mark in _UNGUARDED_MAIN):
         text += (
             f"\nFix: under {method}, each worker runs your main script again before it starts. Put the code "
-            f"that builds and iterates the DataLoader under `if __name__ == \"__main__\":` (or use "
-            f"multiprocessing_context=\"spawn\": conveyor's spawn workers do not run your script again)."
+            f'that builds and iterates the DataLoader under `if __name__ == "__main__":` (or use '
+            f'multiprocessing_context="spawn": conveyor\'s spawn workers do not run your script again).'
         )
     return WorkerDiedError(text)
 

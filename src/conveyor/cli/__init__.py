@@ -15,12 +15,7 @@ import sys
 from typing import Optional, Sequence
 
 #: Command name -> module of this package.
-COMMANDS = {
-    "demo": "demo",
-    "doctor": "doctor",
-    "tune": "tune",
-    "pack": "pack",
-}
+COMMANDS = {"demo": "demo", "doctor": "doctor", "tune": "tune", "pack": "pack"}
 
 
 _MARKUP = re.compile(r"``(.+?)``|:\w+:`(.+?)`")

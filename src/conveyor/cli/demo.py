@@ -24,7 +24,6 @@ from __future__ import annotations
 # (The docstring above is `conveyor demo --help`.) The data, a synthetic JPEG
 # folder and the dataset that reads it, is demo_data.py's; here: the loop
 # each loader runs, the race between them, and the report.
-
 import argparse
 import importlib.util
 import json
@@ -48,7 +47,11 @@ _PIPELINE = "JPEG decode + random crop + flip + collate"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--data", type=Path, default=None, metavar="DIR", help="an image folder, root/<class>/<image> (default: synthetic)"
+        "--data",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="an image folder, root/<class>/<image> (default: synthetic)",
     )
     parser.add_argument("--workers", type=int, default=2, metavar="N", help="num_workers of both loaders (default 2)")
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per batch (default 32)")
@@ -59,7 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the shuffles and crops (default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (no bars)")
     parser.add_argument(
-        "--plot", type=Path, default=Path("conveyor-demo.png"), metavar="PNG", help="where the plot goes (default ./conveyor-demo.png)"
+        "--plot",
+        type=Path,
+        default=Path("conveyor-demo.png"),
+        metavar="PNG",
+        help="where the plot goes (default ./conveyor-demo.png)",
     )
     parser.add_argument("--no-plot", action="store_true", help="write no PNG")
 
@@ -192,7 +199,12 @@ def race(sides: list[Side], epochs: int) -> list[RunResult]:
 # ------------------------------------------------------------- the two loaders
 def _loader_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The arguments both loaders get."""
-    return {"batch_size": args.batch_size, "shuffle": True, "num_workers": args.workers, "persistent_workers": args.workers > 0}
+    return {
+        "batch_size": args.batch_size,
+        "shuffle": True,
+        "num_workers": args.workers,
+        "persistent_workers": args.workers > 0,
+    }
 
 
 def conveyor_dataloader() -> tuple[str, type]:
@@ -237,7 +249,11 @@ def torch_side(dataset: ImageFolder, args: argparse.Namespace, progress: bool) -
         return None
     generator = torch.Generator().manual_seed(args.seed)
     # (the ignore: torch's loader reads any map-style dataset; its annotation names its own Dataset class)
-    loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(dataset, generator=generator, **_loader_arguments(args))  # type: ignore[arg-type]
+    loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(
+        dataset,  # type: ignore[arg-type]
+        generator=generator,
+        **_loader_arguments(args),
+    )
     bars = _TorchBars(loader, progress)
     return Side("torch.utils.data", bars.wrap, bars.show)
 
@@ -338,8 +354,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"\n{runs[0].loader}'s own stats, loader.stats().summary():")
     stats.summary()
-    print(f"\nside by side, timed in the loop (data wait: blocked in iter() or next(); first batch: from the "
-          f"first iter(), starting the workers included):\n{comparison(runs)}")
+    print(
+        f"\nside by side, timed in the loop (data wait: blocked in iter() or next(); first batch: from the "
+        f"first iter(), starting the workers included):\n{comparison(runs)}"
+    )
     if plot_note or plot:
         print(plot_note or f"plot: {plot} (samples/s and data wait over time)")
     return 0

@@ -47,10 +47,27 @@ from .doctor_checks import (
 from .doctor_data import ReadPass, check_data, check_images, read_pass, sample_files
 
 __all__ = [
-    "OK", "WARN", "FAIL", "Check", "ReadPass", "check_accelerator", "check_cores", "check_data", "check_images",
-    "check_memfd", "check_open_files", "check_shm", "check_start_method", "check_threads", "check_versions",
-    "read_pass", "sample_files", "shared_memory_kind", "run_checks", "format_text",
-]  # fmt: skip
+    "OK",
+    "WARN",
+    "FAIL",
+    "Check",
+    "ReadPass",
+    "check_accelerator",
+    "check_cores",
+    "check_data",
+    "check_images",
+    "check_memfd",
+    "check_open_files",
+    "check_shm",
+    "check_start_method",
+    "check_threads",
+    "check_versions",
+    "read_pass",
+    "sample_files",
+    "shared_memory_kind",
+    "run_checks",
+    "format_text",
+]
 
 
 _Found = TypeVar("_Found", bound=Optional[Check])
@@ -103,7 +120,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-workers", type=_count, metavar="N", help="the num_workers you plan to use (default: the usable cores)"
     )
     parser.add_argument(
-        "--data", type=Path, metavar="DIR", help="also time reading this folder, cold and warm (drops its cached pages first)"
+        "--data",
+        type=Path,
+        metavar="DIR",
+        help="also time reading this folder, cold and warm (drops its cached pages first)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print a JSON list of {name, status, detail, fix} instead of text"

@@ -87,7 +87,9 @@ def check_cores(num_workers: int, cores: int = FROM_SYSTEM) -> Check:
     if num_workers > cores:
         fewer = cores - 1 if cores > 2 else cores
         return Check(
-            "cores", WARN, f"{seen}: more processes than cores take turns with each other and the training loop",
+            "cores",
+            WARN,
+            f"{seen}: more processes than cores take turns with each other and the training loop",
             f"use num_workers={fewer} or fewer; more workers than cores help only when they mostly wait on I/O "
             f"(network storage, remote reads)",
         )
@@ -127,7 +129,9 @@ def check_memfd(
         return Check("memfd", OK, "memfd_create works: batches travel in anonymous shared memory, not in /dev/shm")
     if kind is None:
         return Check(
-            "memfd", WARN, f"no anonymous shared memory ({why}): batches travel through pipes (same data, slower)",
+            "memfd",
+            WARN,
+            f"no anonymous shared memory ({why}): batches travel through pipes (same data, slower)",
             "allow memfd_create in the container's seccomp profile, or mount a tmpfs at /dev/shm",
         )
     posix = "batches travel in POSIX shared memory (shm_open, unlinked at once)"
@@ -264,7 +268,9 @@ def check_threads(
     if not too_many:
         return Check("threads", OK, seen)
     return Check(
-        "threads", WARN, f"{seen}: {', '.join(too_many)} exceed the cores, so threads wait for each other",
+        "threads",
+        WARN,
+        f"{seen}: {', '.join(too_many)} exceed the cores, so threads wait for each other",
         f"export OMP_NUM_THREADS={cores} (or lower) before starting Python, or torch.set_num_threads({cores}) "
         f"in the main process",
     )
@@ -305,7 +311,8 @@ def check_versions() -> Check:
     torch, broken = _import_torch()
     torch_version = torch.__version__ if torch is not None else "broken" if broken else "not installed"
     return Check(
-        "versions", OK, f"Python {platform.python_version()}, numpy {numpy.__version__}, conveyor {version}, "
+        "versions",
+        OK,
+        f"Python {platform.python_version()}, numpy {numpy.__version__}, conveyor {version}, "
         f"torch {torch_version}, {platform.platform()}",
     )
-

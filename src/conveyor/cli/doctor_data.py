@@ -116,8 +116,10 @@ def check_data(folder: Path, read: Callable[[Sequence[str], bool], ReadPass] = r
     if slowdown > COLD_SLOWDOWN_WARN and cold.bytes_per_s < COLD_WARN_BELOW_BYTES_PER_S:
         problems.append(f"reading from storage is {slowdown:.0f}× slower than from the page cache")
         # Packing is the small-files fix below; for big files it would not help.
-        fixes.append("copy the data to a local SSD (or into memory if it fits), or raise num_workers so that more "
-                     "reads are in flight at once")
+        fixes.append(
+            "copy the data to a local SSD (or into memory if it fits), or raise num_workers so that more "
+            "reads are in flight at once"
+        )
     if mean_bytes < SMALL_FILE_BYTES:
         problems.append("files this small cost an open and a lookup each")
         fixes.append("pack samples into shard files of ~100 MiB (tar or record files) read in order")

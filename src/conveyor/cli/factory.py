@@ -20,7 +20,9 @@ def load_factory(spec: str, returns: str = "a dataset or a DataLoader") -> Calla
     """``module:name`` or ``path/to/file.py:name`` -> the callable; FactoryError when it cannot be found."""
     where, colon, name = spec.rpartition(":")  # rpartition: a Windows path has a colon of its own
     if not colon or not where or not name:
-        raise FactoryError(f"expected MODULE:FACTORY (e.g. mypkg.data:make_dataset or path/to/file.py:make), got {spec!r}")
+        raise FactoryError(
+            f"expected MODULE:FACTORY (e.g. mypkg.data:make_dataset or path/to/file.py:make), got {spec!r}"
+        )
     if where.endswith(".py") or "/" in where or os.sep in where:
         module = _import_file(Path(where))
     else:

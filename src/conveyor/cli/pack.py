@@ -92,22 +92,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-bytes", metavar="SIZE", type=_bytes, default=None, help="at most SIZE bytes per shard (e.g. 256M, 1G)"
     )
     parser.add_argument(
-        "--workers", metavar="W", type=int, default=os.cpu_count() or 1,
+        "--workers",
+        metavar="W",
+        type=int,
+        default=os.cpu_count() or 1,
         help="processes writing shards at once (default: one per CPU)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--follow-links", action="store_true", help="also pack files and folders that link to places outside SRC"
     )
     parser.add_argument(
-        "--max-side", metavar="N", type=int, default=None,
+        "--max-side",
+        metavar="N",
+        type=int,
+        default=None,
         help="store images larger than N pixels on a side as JPEGs at most N on a side",
-    )  # fmt: skip
-    parser.add_argument("--quality", metavar="Q", type=int, default=90, help="JPEG quality of re-encoded images (default 90)")
+    )
+    parser.add_argument(
+        "--quality", metavar="Q", type=int, default=90, help="JPEG quality of re-encoded images (default 90)"
+    )
     parser.add_argument("--keep-original", action="store_true", help="with --max-side, also store each original file")
     parser.add_argument(
-        "--check", choices=CHECKS, default="stat",
-        help="over a packed folder, what tells a changed file: stat (path, size, mtime; default) or full (also its bytes)",
-    )  # fmt: skip
+        "--check",
+        choices=CHECKS,
+        default="stat",
+        help="over a packed folder, what tells a changed file: stat (path, size, mtime; default) or full (also its "
+        "bytes)",
+    )
     parser.add_argument("--no-wait", action="store_true", help="refuse at once when another pack is at work on OUT")
     parser.add_argument("--verify", action="store_true", help="check the packed folder SRC instead of packing")
 
@@ -153,19 +164,31 @@ def run(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         bounds = (args.max_samples, args.max_bytes)
         reencode = _reencode(args)
-        packed = pack(args.src, args.out, *bounds, args.workers, follow_links=args.follow_links, reencode=reencode,
-                      check=args.check, wait=not args.no_wait)  # fmt: skip
+        packed = pack(
+            args.src,
+            args.out,
+            *bounds,
+            args.workers,
+            follow_links=args.follow_links,
+            reencode=reencode,
+            check=args.check,
+            wait=not args.no_wait,
+        )
     except (PackError, FactoryError) as exc:
         print(f"conveyor pack: error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, PackFailed) else 2
     manifest, took_s = packed.manifest, time.perf_counter() - started
     shards, size = len(manifest["shards"]), sum(shard["bytes"] for shard in manifest["shards"]) / 1e6
     if packed.up_to_date:
-        print(f"already packed: {manifest['samples']} samples in {shards} shards ({size:.1f} MB), up to date with "
-              f"{args.src} (--check {args.check}, {took_s:.1f} s): {args.out}")  # fmt: skip
+        print(
+            f"already packed: {manifest['samples']} samples in {shards} shards ({size:.1f} MB), up to date with "
+            f"{args.src} (--check {args.check}, {took_s:.1f} s): {args.out}"
+        )
     else:
-        print(f"packed {manifest['samples']} samples into {shards} shards ({size:.1f} MB; {packed.written} written) "
-              f"in {took_s:.1f} s: {args.out}")  # fmt: skip
+        print(
+            f"packed {manifest['samples']} samples into {shards} shards ({size:.1f} MB; {packed.written} written) "
+            f"in {took_s:.1f} s: {args.out}"
+        )
     return 0
 
 

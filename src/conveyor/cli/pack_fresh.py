@@ -35,7 +35,8 @@ def members_sha256(members: list[tuple[str, bytes]]) -> str:
 
 
 def written_print(members: list[tuple[str, bytes]], identity: dict) -> dict:
-    """What a shard's record keeps of sample ``i``: its ``identity`` (read before its bytes) and the digest of ``members``."""
+    """What a shard's record keeps of sample ``i``: its ``identity`` (read
+    before its bytes) and the digest of ``members``."""
     return {**identity, "sha256": members_sha256(members)}
 
 
@@ -62,7 +63,8 @@ _ABSENT = object()
 
 
 def recorded_prints(record: Any, samples: int) -> Optional[list]:
-    """The fingerprints a shard's record keeps of its ``samples`` samples; None when it keeps none (an earlier conveyor's)."""
+    """The fingerprints a shard's record keeps of its ``samples`` samples;
+    None when it keeps none (an earlier conveyor's)."""
     prints = record.get("source") if isinstance(record, dict) else None
     return prints if isinstance(prints, list) and len(prints) == samples else None
 
@@ -110,7 +112,9 @@ def compare(old: list, new: list[dict]) -> Changes:
     return Changes(edited, max(0, len(new) - len(old)), max(0, len(old) - len(new)), "sample")
 
 
-def news(out: str, old: Optional[list], new: Optional[list], writing: int, shards: int, finished: bool) -> Optional[str]:
+def news(
+    out: str, old: Optional[list], new: Optional[list], writing: int, shards: int, finished: bool
+) -> Optional[str]:
     """The line a pack over an earlier one prints before it writes, or None
     (nothing to say). ``old``: the records' fingerprints (None: not all
     known); ``finished``: the folder had a manifest."""
@@ -127,5 +131,15 @@ def news(out: str, old: Optional[list], new: Optional[list], writing: int, shard
     return None
 
 
-__all__ = ["CHECKS", "Changes", "compare", "matches", "members_sha256", "news", "recorded_prints", "shard_is_current",
-           "survey_sample", "written_print"]
+__all__ = [
+    "CHECKS",
+    "Changes",
+    "compare",
+    "matches",
+    "members_sha256",
+    "news",
+    "recorded_prints",
+    "shard_is_current",
+    "survey_sample",
+    "written_print",
+]

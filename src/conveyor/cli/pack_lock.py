@@ -174,8 +174,10 @@ class PackLock:
                 continue
             who = _who(seen)
             if not self.wait:
-                raise PackBusy(f"another conveyor pack is at work on {self.out} ({who}); wait for it, or leave out "
-                               f"--no-wait to wait until it is done")  # fmt: skip
+                raise PackBusy(
+                    f"another conveyor pack is at work on {self.out} ({who}); wait for it, or leave out "
+                    f"--no-wait to wait until it is done"
+                )
             if not told:
                 self.tell(f"conveyor pack: waiting for another conveyor pack of {self.out} to finish ({who})")
                 told = True
@@ -211,7 +213,12 @@ class PackLock:
     def _gone(self, seen: _Seen, watched: dict) -> Optional[str]:
         """Why the holder of ``seen`` is gone (its lock may be taken over); None: it may be at work."""
         holder = seen.holder
-        if holder is not None and holder.machine and holder.machine == _machine() and holder.host == socket.gethostname():
+        if (
+            holder is not None
+            and holder.machine
+            and holder.machine == _machine()
+            and holder.host == socket.gethostname()
+        ):
             return None if _alive(holder) else f"its process {holder.pid} has ended"
         first = watched.setdefault(seen.identity, (seen.mtime_ns, time.monotonic()))
         if first[0] != seen.mtime_ns:

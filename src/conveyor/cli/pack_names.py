@@ -36,8 +36,12 @@ MAX_FIELD_BYTES = 60
 #: The field a folder's sample keeps its class number in.
 LABEL_FIELD = "cls"
 
-_SPECIAL = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
-            (stat.S_ISBLK, "block device"))  # fmt: skip
+_SPECIAL = (
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+)
 
 
 def shown(path: str) -> str:
@@ -137,4 +141,12 @@ def _not_a_file(path: str) -> str:
     return f"a {kind}, not a regular file; remove it or move it out of SRC"
 
 
-__all__ = ["MAX_FIELD_BYTES", "LABEL_FIELD", "shown", "folder_field", "field_problem", "fields_problem", "entry_problem"]
+__all__ = [
+    "MAX_FIELD_BYTES",
+    "LABEL_FIELD",
+    "shown",
+    "folder_field",
+    "field_problem",
+    "fields_problem",
+    "entry_problem",
+]

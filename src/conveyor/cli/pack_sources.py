@@ -112,7 +112,9 @@ class DatasetSource:
     def __init__(self, spec: str):
         dataset = load_factory(spec, "a map-style dataset")()
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            raise PackError(f"{spec} returned a {type(dataset).__name__}; conveyor pack needs a map-style dataset (len and [])")
+            raise PackError(
+                f"{spec} returned a {type(dataset).__name__}; conveyor pack needs a map-style dataset (len and [])"
+            )
         self.dataset, self.classes, self.description = dataset, None, f"factory {spec}"
         self.skipped: list[str] = []
 

@@ -36,8 +36,19 @@ from .._engine.workers.process import die_with
 from ..shards.index import ShardIndex, file_sha256
 from ..shards.manifest import MANIFEST
 from ..shards.records import BLOCK, open_shard_writer, tar_bytes, write_sample
-from .pack_folder import (PLAN, earlier_plan, extra_shards, finished, io_step, read_json, recorded, remove,
-                          shard_name, tidy, write_json)  # fmt: skip
+from .pack_folder import (
+    PLAN,
+    earlier_plan,
+    extra_shards,
+    finished,
+    io_step,
+    read_json,
+    recorded,
+    remove,
+    shard_name,
+    tidy,
+    write_json,
+)
 from .pack_fresh import news, shard_is_current, survey_sample, written_print
 from .pack_lock import PackLock
 from .pack_sources import PackError, PackFailed, open_source
@@ -131,8 +142,13 @@ def write_shard(job: ShardJob) -> tuple[int, dict]:
             ShardIndex.build(samples, size, digest).save(idx_tmp)
             os.replace(tar_tmp, path)
             os.replace(idx_tmp, path + ".idx")
-            record = {"name": shard_name(job.k), "first": job.start, "samples": job.end - job.start, "bytes": size,
-                      "sha256": digest}  # fmt: skip
+            record = {
+                "name": shard_name(job.k),
+                "first": job.start,
+                "samples": job.end - job.start,
+                "bytes": size,
+                "sha256": digest,
+            }
             write_json(path + ".json", {**record, "source": prints}, job.run)  # (last: a shard with a record is done)
     except BaseException:
         remove(tar_tmp, idx_tmp, f"{path}.json.{job.run}.tmp")
@@ -243,9 +259,10 @@ def _manifest(planned: dict, records: dict[int, dict]) -> dict:
         "source": _source.description,
         "samples": len(_source),
         "classes": _source.classes,
-        "shards": [{key: value for key, value in records[k].items() if key != "source"}
-                   for k in range(len(planned["shards"]))],
-    }  # fmt: skip
+        "shards": [
+            {key: value for key, value in records[k].items() if key != "source"} for k in range(len(planned["shards"]))
+        ],
+    }
 
 
 def _survey(
@@ -272,7 +289,12 @@ class _Processes:
             workers,
             mp_context=self.context,
             initializer=_writer_starts,
-            initargs=(None if self.context.get_start_method() == "forkserver" else os.getpid(), self.src, self.follow_links, self.reencode),
+            initargs=(
+                None if self.context.get_start_method() == "forkserver" else os.getpid(),
+                self.src,
+                self.follow_links,
+                self.reencode,
+            ),
         )
 
     def map(self, function: Any, items: range, workers: int) -> list:

@@ -47,7 +47,13 @@ from .factory import FactoryError, load_factory
 from .tune_choice import recommend
 from .tune_measure import TuneError, available_bytes, loader_builder, tree_memory_bytes
 from .tune_report import (
-    describe_bound, describe_choice, format_round, format_row, load_average, noise_note, write_outputs,
+    describe_bound,
+    describe_choice,
+    format_round,
+    format_row,
+    load_average,
+    noise_note,
+    write_outputs,
 )
 from .tune_sweep import SweepOptions, default_workers, plan, sweep, verdict_round
 
@@ -105,9 +111,13 @@ def _options(args: argparse.Namespace) -> SweepOptions:
     if budget is None and (available := available_bytes()) is not None:
         budget = int(_DEFAULT_MEMORY_SHARE * (available + (tree_memory_bytes() or 0)))
     return SweepOptions(
-        rounds=args.rounds, seconds=args.seconds, min_batches=args.min_batches, step_s=args.step_ms / 1000,
-        max_seconds=args.max_seconds, budget=budget,
-    )  # fmt: skip
+        rounds=args.rounds,
+        seconds=args.seconds,
+        min_batches=args.min_batches,
+        step_s=args.step_ms / 1000,
+        max_seconds=args.max_seconds,
+        budget=budget,
+    )
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -161,7 +161,7 @@ def advise(rec: Result, results: list[Result], judged: Optional[Round] = None) -
 
     fastest_two = sorted(against, key=lambda r: -best_rate(r))[:2]  # evidence enough
     text = (
-        f"the stats of this setting alone suggest another, but the sweep measured it: "
+        "the stats of this setting alone suggest another, but the sweep measured it: "
         + "; ".join(map(finding, fastest_two))
         + f" (this one: {rates(rec)})"
     )

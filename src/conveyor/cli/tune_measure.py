@@ -128,12 +128,17 @@ class Result:
         waits = [r.data_wait_fraction for r in self.rounds]
         middle = self.median_round
         return {
-            "workers": self.workers, "prefetch": self.prefetch, "batch_size": self.batch_size,
-            "status": self.status, "note": self.note,
+            "workers": self.workers,
+            "prefetch": self.prefetch,
+            "batch_size": self.batch_size,
+            "status": self.status,
+            "note": self.note,
             "samples_per_s": self.samples_per_s,
-            "samples_per_s_min": rates and rates[0], "samples_per_s_max": rates and rates[1],
+            "samples_per_s_min": rates and rates[0],
+            "samples_per_s_max": rates and rates[1],
             "data_wait_fraction": self.data_wait_fraction,
-            "data_wait_fraction_min": min(waits, default=None), "data_wait_fraction_max": max(waits, default=None),
+            "data_wait_fraction_min": min(waits, default=None),
+            "data_wait_fraction_max": max(waits, default=None),
             "workers_busy_fraction": self.workers_busy_fraction,
             "first_batch_s": self.first_batch_s,
             "peak_memory_mb": self.peak_memory_mb,
@@ -141,7 +146,7 @@ class Result:
             "passes": sum(r.passes for r in self.rounds),
             "advice": middle.advice if middle else "",
             "rounds": [asdict(r) for r in self.rounds],
-        }  # fmt: skip
+        }
 
 
 # ------------------------------------------------------------ the loader
@@ -189,10 +194,22 @@ def loader_builder(made: Any, batch_size: int, use_torch: bool) -> tuple[Callabl
 
 #: The DataLoader arguments that a loader returned by FACTORY passes on to every setting.
 _KEPT = (
-    "dataset", "batch_size", "drop_last", "collate_fn", "pin_memory", "pin_memory_device", "timeout",
-    "worker_init_fn", "multiprocessing_context", "in_order", "stall_warning", "generator",
-    "worker_method", "reads_in_flight", "skip_bad_samples",
-)  # fmt: skip
+    "dataset",
+    "batch_size",
+    "drop_last",
+    "collate_fn",
+    "pin_memory",
+    "pin_memory_device",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "in_order",
+    "stall_warning",
+    "generator",
+    "worker_method",
+    "reads_in_flight",
+    "skip_bad_samples",
+)
 
 
 def _loader_kwargs(loader: Any) -> dict:

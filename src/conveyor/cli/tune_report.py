@@ -132,12 +132,17 @@ def machine_info(loads: tuple[Optional[float], Optional[float]] = (None, None)) 
 
     torch, available = sys.modules.get("torch"), available_bytes()
     return dict(
-        cores=usable_cores(), cpu_count=os.cpu_count(), platform=platform.platform(),
-        python=platform.python_version(), conveyor=__version__, torch=torch and torch.__version__,
+        cores=usable_cores(),
+        cpu_count=os.cpu_count(),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        conveyor=__version__,
+        torch=torch and torch.__version__,
         start_method=multiprocessing.get_start_method(),
         memory_available_gb=round(available / _GB, 2) if available else None,
-        load_average_start=loads[0], load_average_end=loads[1],
-    )  # fmt: skip
+        load_average_start=loads[0],
+        load_average_end=loads[1],
+    )
 
 
 def _error_bars(points: list[Result], median: Callable, spread: Callable, shift: float) -> tuple[list, list, list]:
@@ -199,8 +204,9 @@ def plot(results: list[Result], rec: Optional[Result], path: Path) -> None:
     rate.set(
         title=f"conveyor tune: median of {rounds} rounds, bars from the slowest to the best\n"
         "(settings are compared by their best round)",
-        ylabel="samples/s", ylim=(0, None),
-    )  # fmt: skip
+        ylabel="samples/s",
+        ylim=(0, None),
+    )
     wait.set(xlabel="num_workers", ylabel="data wait %", ylim=(0, 105), xticks=sorted({r.workers for r in shown}))
     if shown:
         rate.legend(fontsize="small")
@@ -233,10 +239,13 @@ def write_outputs(
         recommendation["verdict_round"] = asdict(judged) if judged is not None else None
         recommendation["tied_with"] = [r.label() for r in ties(results) if r is not rec]
     settings = {
-        "rounds": options.rounds, "seconds": options.seconds, "min_batches": options.min_batches,
-        "step_ms": options.step_s * 1000, "max_seconds": options.max_seconds,
+        "rounds": options.rounds,
+        "seconds": options.seconds,
+        "min_batches": options.min_batches,
+        "step_ms": options.step_s * 1000,
+        "max_seconds": options.max_seconds,
         "max_rss_gb": options.budget / _GB if options.budget else None,
-    }  # fmt: skip
+    }
     report = {
         "factory": factory,
         "loader": loader,

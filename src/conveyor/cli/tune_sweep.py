@@ -93,9 +93,11 @@ class _Sweep:
         # that went over the budget (at the same batch size) would go over too.
         for r in self.results:
             if (
-                r.status == "over-memory" and r.batch_size == setting.batch_size
-                and r.workers <= setting.workers and (r.prefetch or 0) <= (setting.prefetch or 0)
-            ):  # fmt: skip
+                r.status == "over-memory"
+                and r.batch_size == setting.batch_size
+                and r.workers <= setting.workers
+                and (r.prefetch or 0) <= (setting.prefetch or 0)
+            ):
                 return replace(setting, status="skipped-memory", note=f"{r.label()} was over --max-rss-gb")
         predicted = self.baseline + self.per_worker * setting.workers
         if opts.budget and self.per_worker and predicted > opts.budget:

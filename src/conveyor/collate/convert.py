@@ -73,7 +73,6 @@ def array_to_tensor(x: Any, torch_dtype: Optional[str] = None) -> Any:
     return torch.as_tensor(x)
 
 
-
 def _numpy_module_leaf_to_tensor(x: Any) -> Any:
     # torch converts only types defined by numpy itself (not ndarray subclasses from elsewhere).
     return array_to_tensor(x) if type(x).__module__ == "numpy" else x

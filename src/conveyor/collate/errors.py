@@ -24,9 +24,7 @@ if TYPE_CHECKING:
     from .context import _Context
 
 # torch's wording, kept verbatim: users grep their logs for it.
-_TORCH_TYPE_MESSAGE = (
-    "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; found {}"
-)
+_TORCH_TYPE_MESSAGE = "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; found {}"
 _TORCH_SEQUENCE_MESSAGE = "each element in list of batch should be of equal size"
 _TORCH_STACK_MESSAGE = "stack expects each tensor to be equal size, but got {} at entry {} and {} at entry {}"
 

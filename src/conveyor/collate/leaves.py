@@ -94,10 +94,7 @@ def _unequal_shapes_message(shapes: Sequence[tuple], path: tuple, ctx: _Context)
     hint = "Resize or crop them to one size"
     if len(shapes[0]) > 0 and len({s[1:] for s in shapes}) == 1 and len({len(s) for s in shapes}) == 1:
         hint += f", or pad them along their first axis {_with_padcollate(_pad_example(path))}"
-    return (
-        f"{torch_text}. {ctx.name}: cannot stack {_format_path(path)}: "
-        f"{_disagreement(shapes, 'shape')}. {hint}."
-    )
+    return f"{torch_text}. {ctx.name}: cannot stack {_format_path(path)}: {_disagreement(shapes, 'shape')}. {hint}."
 
 
 # ---- numbers ---------------------------------------------------------------
@@ -135,9 +132,7 @@ def _collate_numbers(batch: Sequence[Any], path: tuple, ctx: _Context) -> Any:
     return out
 
 
-def _number_mismatch_error(
-    batch: Sequence[Any], i: int, float_led: bool, path: tuple, ctx: _Context
-) -> Exception:
+def _number_mismatch_error(batch: Sequence[Any], i: int, float_led: bool, path: tuple, ctx: _Context) -> Exception:
     """The exception torch raises for a non-number in a number batch, with context."""
     sample = batch[i]
     name = _type_name(sample)

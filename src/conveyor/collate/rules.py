@@ -38,7 +38,6 @@ from .leaves import _collate_arrays, _collate_numbers, _stack_tensors
 from .pad_leaf import _child_scope, _is_number_list, _pad_leaf, _PadScope
 from .registry import _REGISTRY, CollateFn, CollateFnMap, _mapped_fn, _registered_fn
 
-
 # --------------------------------------------------------------------------
 # Recursing from a registered function
 # --------------------------------------------------------------------------
@@ -150,10 +149,7 @@ def _collate_namedtuple(batch: Sequence[Any], path: tuple, ctx: _Context, scope:
     elem = batch[0]
     fields = elem._fields
     return type(elem)(
-        *(
-            _collate(column, path + (_Field(fields[i]),), ctx, scope)
-            for i, column in enumerate(zip(*batch))
-        )
+        *(_collate(column, path + (_Field(fields[i]),), ctx, scope) for i, column in enumerate(zip(*batch)))
     )
 
 

@@ -36,4 +36,12 @@ def decoders() -> dict[str, str]:
     return {"jpeg": "turbojpeg" if library() is not None else "pillow", "resize": "opencv" if opencv() else "pillow"}
 
 
-__all__ = ["RandomResizedCrop", "PendingImage", "ImageFolder", "Box", "random_resized_crop_box", "decoders", "IMAGE_EXTENSIONS"]
+__all__ = [
+    "RandomResizedCrop",
+    "PendingImage",
+    "ImageFolder",
+    "Box",
+    "random_resized_crop_box",
+    "decoders",
+    "IMAGE_EXTENSIONS",
+]

@@ -17,10 +17,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .turbojpeg import TurboJpegError, decode_region, library, read_header
 from .boxes import Box
 from .geometry import choose_scale, plan_decode
 from .resample import OutputFormat, scratch
+from .turbojpeg import TurboJpegError, decode_region, library, read_header
 
 TURBOJPEG = "turbojpeg"
 PILLOW = "pillow"

@@ -25,7 +25,12 @@ class ImageFolder:
     :class:`~conveyor.CompactList`, so forked workers do not copy them.
     """
 
-    def __init__(self, root: str, transform: Optional[Callable[[bytes], Any]] = None, extensions: tuple[str, ...] = IMAGE_EXTENSIONS):
+    def __init__(
+        self,
+        root: str,
+        transform: Optional[Callable[[bytes], Any]] = None,
+        extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
+    ):
         self.root = str(root)
         self.classes = sorted(entry.name for entry in os.scandir(self.root) if entry.is_dir())
         if not self.classes:

@@ -49,7 +49,9 @@ def scaled_size(size: int, scale: Fraction) -> int:
     return -(-size * scale.numerator // scale.denominator)
 
 
-def plan_decode(box: Box, image_height: int, image_width: int, mcu_width: int, out_height: int, out_width: int) -> DecodePlan:
+def plan_decode(
+    box: Box, image_height: int, image_width: int, mcu_width: int, out_height: int, out_width: int
+) -> DecodePlan:
     """The DecodePlan of ``box`` in an image of that size and iMCU width
     (integer arithmetic: this runs for every sample).
 

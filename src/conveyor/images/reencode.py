@@ -68,7 +68,9 @@ def shrink(data: bytes, max_side: int, quality: int = 90) -> bytes | None:
         scale = max_side / max(width, height)
         size = (max(1, round(width * scale)), max(1, round(height * scale)))
         if image.format == "JPEG":
-            image.draft("RGB", (size[0] * 2, size[1] * 2))  # (decode at no less than twice the target: Lanczos does the rest)
+            image.draft(
+                "RGB", (size[0] * 2, size[1] * 2)
+            )  # (decode at no less than twice the target: Lanczos does the rest)
         resized = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
     out = io.BytesIO()
     resized.save(out, "JPEG", quality=quality)

@@ -77,7 +77,9 @@ def _resize(region: np.ndarray, inside: tuple[float, float, float, float], flip:
         from PIL import Image
 
         area = (float(left), float(top), float(left + width), float(top + height))
-        image = Image.fromarray(np.ascontiguousarray(region)).resize((out_w, out_h), Image.Resampling.BILINEAR, box=area)
+        image = Image.fromarray(np.ascontiguousarray(region)).resize(
+            (out_w, out_h), Image.Resampling.BILINEAR, box=area
+        )
         out[...] = np.asarray(image)[:, ::-1] if flip else np.asarray(image)
         return
     y0, x0 = math.floor(top), math.floor(left)
@@ -111,7 +113,13 @@ class OutputFormat:
     "HWC" or "CHW", and, when ``mean`` and ``std`` are given (per channel,
     on the 0-1 scale), float32 normalised values instead of uint8."""
 
-    def __init__(self, size: tuple[int, int], layout: str = "HWC", mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None):
+    def __init__(
+        self,
+        size: tuple[int, int],
+        layout: str = "HWC",
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
+    ):
         if layout not in ("HWC", "CHW"):
             raise ValueError(f"layout must be 'HWC' or 'CHW', got {layout!r}")
         if (mean is None) != (std is None):

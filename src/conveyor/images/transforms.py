@@ -21,10 +21,10 @@ import numpy as np
 
 from ..collate import register_collate
 from ..rng import sample_rng
-from .turbojpeg import library
 from .boxes import Box, check_range, random_resized_crop_box
 from .decode import Source, decode_box, read_size
 from .resample import OutputFormat, opencv
+from .turbojpeg import library
 
 
 class PendingImage:
@@ -61,7 +61,11 @@ class PendingImage:
         return out if dtype is None else out.astype(dtype, copy=False)
 
     def __repr__(self) -> str:
-        return f"PendingImage({self.source.width}x{self.source.height} {self.source.decoder}, box={tuple(self.box)}, flip={self.flip} -> {self.dtype} {self.shape})"
+        source = self.source
+        return (
+            f"PendingImage({source.width}x{source.height} {source.decoder}, box={tuple(self.box)}, flip={self.flip} "
+            f"-> {self.dtype} {self.shape})"
+        )
 
 
 def _collate_pending(batch: Sequence[Any], *, collate: Any) -> Any:

@@ -182,10 +182,14 @@ def read_header(data: Any) -> JpegHeader:
     if lib.tj3Get(p, _TJPARAM_COLORSPACE) in _CMYK_COLORSPACES:
         raise TurboJpegError("TurboJPEG decodes no CMYK JPEG to RGB")
     subsampling = lib.tj3Get(p, _TJPARAM_SUBSAMP)
-    return JpegHeader(lib.tj3Get(p, _TJPARAM_JPEGWIDTH), lib.tj3Get(p, _TJPARAM_JPEGHEIGHT), _MCU_WIDTH.get(subsampling, 32))
+    return JpegHeader(
+        lib.tj3Get(p, _TJPARAM_JPEGWIDTH), lib.tj3Get(p, _TJPARAM_JPEGHEIGHT), _MCU_WIDTH.get(subsampling, 32)
+    )
 
 
-def decode_region(data: Any, scale: Fraction, region: tuple[int, int, int, int], out: np.ndarray, fast: bool = False) -> None:
+def decode_region(
+    data: Any, scale: Fraction, region: tuple[int, int, int, int], out: np.ndarray, fast: bool = False
+) -> None:
     """Decode ``region`` (x, y, width, height, in pixels of the image scaled
     by ``scale``; x a multiple of the scaled iMCU width) of the JPEG into
     ``out``, a uint8 array of shape (height, width, 3) whose rows may be
@@ -201,7 +205,9 @@ def decode_region(data: Any, scale: Fraction, region: tuple[int, int, int, int],
         _fail(h, f"scale by {scale}")
     x, y, w, hh = region
     if out.shape != (hh, w, 3) or out.dtype != np.uint8 or out.strides[1:] != (3, 1):
-        raise ValueError(f"decode_region: out must be uint8 ({hh}, {w}, 3) with packed pixels, got {out.dtype} {out.shape}")
+        raise ValueError(
+            f"decode_region: out must be uint8 ({hh}, {w}, 3) with packed pixels, got {out.dtype} {out.shape}"
+        )
     if lib.tj3SetCroppingRegion(p, _Region(x, y, w, hh)) != 0:
         _fail(h, f"crop to {region} at scale {scale}")
     if lib.tj3Decompress8(p, address, size, out.ctypes.data, out.strides[0], _TJPF_RGB) != 0:

@@ -148,7 +148,9 @@ def load_states(accelerator: Any, folder: str, required: bool = True) -> bool:
         elif os.path.exists(pickled):
             import torch
 
-            state = torch.load(pickled, weights_only=False)  # (written by save_states beside the checkpoint's own pickles)
+            state = torch.load(
+                pickled, weights_only=False
+            )  # (written by save_states beside the checkpoint's own pickles)
         else:
             raise FileNotFoundError(
                 f"accelerator.load_state({folder!r}): there is no {os.path.basename(path)}, the state of conveyor "

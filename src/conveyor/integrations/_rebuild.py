@@ -40,8 +40,10 @@ def warn_accelerate_rebuild(loader: Any) -> None:
     to rebuild ``loader`` as a torch DataLoader, naming transformers'
     Trainer when it is the one asking (its frames are on the stack)."""
     through_trainer = _trainer_on_stack()
-    who = "transformers' Trainer (through accelerate's Accelerator.prepare)" if through_trainer else (
-        "accelerate's Accelerator.prepare"
+    who = (
+        "transformers' Trainer (through accelerate's Accelerator.prepare)"
+        if through_trainer
+        else ("accelerate's Accelerator.prepare")
     )
     warnings.warn(
         f"{who} rebuilds this conveyor {type(loader).__name__} as a torch.utils.data.DataLoader: conveyor will not "

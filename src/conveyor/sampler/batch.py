@@ -12,7 +12,14 @@ from typing import Any, TypeGuard
 
 from ..stateful import is_stateful
 from .arguments import _check_bool, _check_int, _check_positive_int
-from .replay import batch_fingerprint, fingerprint_problem, replay, replay_point, replay_point_problem, restore_replay_point
+from .replay import (
+    batch_fingerprint,
+    fingerprint_problem,
+    replay,
+    replay_point,
+    replay_point_problem,
+    restore_replay_point,
+)
 from .resumable import _has_position, _Resumable
 from .samplers import Sampler
 
@@ -72,11 +79,7 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
         return is_stateful(self.sampler) and _has_position(self.sampler.state_dict())
 
     def _settings(self) -> dict[str, Any]:
-        return {
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-            "sampler_kind": type(self.sampler).__name__,
-        }
+        return {"batch_size": self.batch_size, "drop_last": self.drop_last, "sampler_kind": type(self.sampler).__name__}
 
     def _open(self, epoch: int, record: Any) -> tuple[Any, Any]:
         run = _BatchRun()  # the context and the cursor's record: _progress reads it
@@ -87,12 +90,22 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
         record = progress["rng"]
         if self._resume is not None:
             saved = self._resume.record or {}
-            return {**progress, "rng": None, "sampler": saved.get("sampler"), "replay": saved.get("replay"),
-                    "first_batch": saved.get("first_batch")}
+            return {
+                **progress,
+                "rng": None,
+                "sampler": saved.get("sampler"),
+                "replay": saved.get("replay"),
+                "first_batch": saved.get("first_batch"),
+            }
         if isinstance(record, _BatchRun) and not self._inner_jumps():
             # Replayed: what reproduces the iteration, and its first batch to check it by.
-            return {**progress, "rng": None, "sampler": None, "replay": record.inner_start,
-                    "first_batch": record.first_batch}
+            return {
+                **progress,
+                "rng": None,
+                "sampler": None,
+                "replay": record.inner_start,
+                "first_batch": record.first_batch,
+            }
         return {**progress, "rng": None, "sampler": self._inner_state(record), "replay": None, "first_batch": None}
 
     def _inner_state(self, record: Any) -> Any:
@@ -143,16 +156,23 @@ class BatchSampler(_Resumable, Sampler[list[int]]):
         problems = {
             "first_batch": fingerprint_problem(state.get("first_batch")),
             "replay": replay_point_problem(self.sampler, state.get("replay"), self._flavor),
-            "sampler": None if inner is None or isinstance(inner, Mapping) else f"is {inner!r}, where the inner sampler's state (a dict) or None belongs",
+            "sampler": None
+            if inner is None or isinstance(inner, Mapping)
+            else f"is {inner!r}, where the inner sampler's state (a dict) or None belongs",
         }
-        if isinstance(inner, Mapping) and "num_samples" in inner and not (
-            _is_int_value(inner["num_samples"]) and inner["num_samples"] >= 0
+        if (
+            isinstance(inner, Mapping)
+            and "num_samples" in inner
+            and not (_is_int_value(inner["num_samples"]) and inner["num_samples"] >= 0)
         ):
             problems["sampler"] = f"has num_samples {inner['num_samples']!r}, where an int >= 0 belongs"
         for key, problem in problems.items():
             if problem is not None:
                 kind = type(self).__name__
-                raise ValueError(f"{kind}.load_state_dict: the state's {key!r} {problem}; pass a dict returned by {kind}.state_dict()")
+                raise ValueError(
+                    f"{kind}.load_state_dict: the state's {key!r} {problem}; pass a dict returned by "
+                    f"{kind}.state_dict()"
+                )
 
     def _items_behind(self, batches: int, inner: Mapping[str, Any]) -> int:
         """Inner items handed out for the first ``batches`` batches: all full

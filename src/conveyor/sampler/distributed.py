@@ -300,7 +300,7 @@ class ShardedSampler(_Resumable, Sampler[Any]):
 
         >>> import numpy as np
         >>> from conveyor import ShardedSampler, WeightedRandomSampler
-        >>> weighted = WeightedRandomSampler([1.0] * 6, 6, generator=np.random.default_rng(0))  # same seed on every rank
+        >>> weighted = WeightedRandomSampler([1.0] * 6, 6, generator=np.random.default_rng(0))  # same seed: every rank
         >>> mine = ShardedSampler(weighted, num_replicas=2, rank=0)
         >>> len(mine)
         3
@@ -308,7 +308,9 @@ class ShardedSampler(_Resumable, Sampler[Any]):
 
     _flavor = "numpy"
 
-    def __init__(self, sampler: Any, num_replicas: int | None = None, rank: int | None = None, even: str | None = "pad"):
+    def __init__(
+        self, sampler: Any, num_replicas: int | None = None, rank: int | None = None, even: str | None = "pad"
+    ):
         if not hasattr(sampler, "__iter__"):
             raise TypeError(f"ShardedSampler needs a sampler (an iterable), got {type(sampler).__name__}")
         if even not in ("pad", "drop", None):

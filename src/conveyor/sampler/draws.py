@@ -96,7 +96,9 @@ class _Draws:
         elif self._reseeds(generator):
             seed = record.get("seed")
             ok = isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 1 << 64
-            return None if ok else f"has seed {seed!r}, where a seed drawn by the sampler (an int in [0, 2**64)) belongs"
+            return (
+                None if ok else f"has seed {seed!r}, where a seed drawn by the sampler (an int in [0, 2**64)) belongs"
+            )
         else:
             source = TorchSource.from_seed(0)
         if "state" not in record:

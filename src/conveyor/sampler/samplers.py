@@ -278,11 +278,7 @@ class WeightedRandomSampler(_DrawsFromGenerator, Sampler[int]):
     replacement: bool
 
     def __init__(
-        self,
-        weights: Sequence[float],
-        num_samples: int,
-        replacement: bool = True,
-        generator: GeneratorLike = None,
+        self, weights: Sequence[float], num_samples: int, replacement: bool = True, generator: GeneratorLike = None
     ) -> None:
         self.num_samples = _check_positive_int("num_samples", num_samples)
         self.replacement = _check_bool("replacement", replacement)
@@ -330,3 +326,12 @@ def _check_weights(weights: Any, num_samples: int, replacement: bool) -> np.ndar
             f"{nonzero} non-zero weights; lower num_samples or pass replacement=True"
         )
     return array
+
+
+class _InfiniteConstantSampler:
+    """For iterable datasets: an endless stream of ``None`` (the dataset
+    decides); torch's name, which saved states show."""
+
+    def __iter__(self) -> Iterator[None]:
+        while True:
+            yield None

@@ -10,6 +10,4 @@ from .index import ShardIndex
 from .manifest import shard_paths
 from .records import decode_member, encode_sample
 
-__all__ = [
-    "ShardDataset", "ShardStream", "ShardIndex", "ShardError", "shard_paths", "encode_sample", "decode_member",
-]  # fmt: skip
+__all__ = ["ShardDataset", "ShardStream", "ShardIndex", "ShardError", "shard_paths", "encode_sample", "decode_member"]

@@ -137,8 +137,9 @@ class ShardFiles:
         entry = self._entry(path, tar_bytes, name or path)
         try:
             if entry.window:
-                self._around.before_read(entry.fd, entry.advised, entry.window, start, end,
-                                         0 <= start - entry.last_end <= IN_SEQUENCE)  # fmt: skip
+                self._around.before_read(
+                    entry.fd, entry.advised, entry.window, start, end, 0 <= start - entry.last_end <= IN_SEQUENCE
+                )
             entry.last_end = end
             data = os.pread(entry.fd, end - start, start)
             st = os.fstat(entry.fd)
@@ -147,7 +148,9 @@ class ShardFiles:
         except OSError as exc:
             del entry  # (closed with the table's reference, not kept by this frame's traceback)
             self.forget(path)
-            raise ShardError(f"{name or path}: cannot be read ({exc.strerror or exc}); restore it ({VERIFY_HINT})") from exc
+            raise ShardError(
+                f"{name or path}: cannot be read ({exc.strerror or exc}); restore it ({VERIFY_HINT})"
+            ) from exc
         opened = entry.identity
         if len(data) == end - start and st.st_size == opened.size and st.st_mtime_ns == opened.mtime_ns:
             if not renamed:

@@ -121,9 +121,18 @@ class ShardIndex:
     def save(self, path: str) -> None:
         """Write the index as an .npz file (plain arrays: it loads without pickle)."""
         with open(path, "wb") as f:
-            np.savez(f, keys=self.keys, starts=self.starts, offsets=self.offsets, sizes=self.sizes,
-                     ext_ids=self.ext_ids, exts=np.array(self.exts, dtype=str), version=np.int64(INDEX_VERSION),
-                     tar_bytes=np.int64(self.tar_bytes), tar_sha256=np.str_(self.tar_sha256))  # fmt: skip
+            np.savez(
+                f,
+                keys=self.keys,
+                starts=self.starts,
+                offsets=self.offsets,
+                sizes=self.sizes,
+                ext_ids=self.ext_ids,
+                exts=np.array(self.exts, dtype=str),
+                version=np.int64(INDEX_VERSION),
+                tar_bytes=np.int64(self.tar_bytes),
+                tar_sha256=np.str_(self.tar_sha256),
+            )
 
     @classmethod
     def load(cls, source: Any, name: Optional[str] = None) -> "ShardIndex":
@@ -165,10 +174,15 @@ class ShardIndex:
         if tar_bytes is None or tar_sha256 is None:
             raise ShardError(f"{where}: its record of the tar (tar_bytes, tar_sha256) is malformed; pack again")
         return cls(
-            keys=arrays["keys"], starts=arrays["starts"].astype(np.int64), offsets=arrays["offsets"].astype(np.int64),
-            sizes=arrays["sizes"].astype(np.int64), ext_ids=arrays["ext_ids"].astype(np.int64),
-            exts=[str(e) for e in arrays["exts"]], tar_bytes=int(tar_bytes), tar_sha256=str(tar_sha256),
-        )  # fmt: skip
+            keys=arrays["keys"],
+            starts=arrays["starts"].astype(np.int64),
+            offsets=arrays["offsets"].astype(np.int64),
+            sizes=arrays["sizes"].astype(np.int64),
+            ext_ids=arrays["ext_ids"].astype(np.int64),
+            exts=[str(e) for e in arrays["exts"]],
+            tar_bytes=int(tar_bytes),
+            tar_sha256=str(tar_sha256),
+        )
 
     def check(self, where: str) -> None:
         """Raise ShardError unless the arrays agree with one another and with
@@ -207,8 +221,10 @@ class ShardIndex:
         after = offsets[1:] >= offsets[:-1] + _padded(sizes[:-1]) + BLOCK
         if not after.all():
             m = int(np.argmin(after)) + 1
-            return f"{self._member(m)} at offset {offsets[m]} does not follow {self._member(m - 1)} (which ends at " \
-                   f"{offsets[m - 1] + sizes[m - 1]}) in the tar"  # fmt: skip
+            return (
+                f"{self._member(m)} at offset {offsets[m]} does not follow {self._member(m - 1)} (which ends at "
+                f"{offsets[m - 1] + sizes[m - 1]}) in the tar"
+            )
         return None
 
     def _member(self, m: int) -> str:

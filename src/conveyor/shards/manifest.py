@@ -118,8 +118,10 @@ def _found(value: Any, wanted: str, show: bool = False) -> str:
 
 
 def _malformed(where: str, key: str, problem: str) -> ShardError:
-    return ShardError(f"{where}: {key} {problem}; this is not a manifest conveyor pack wrote (pack again, or "
-                      f"restore the file; {VERIFY_HINT})")  # fmt: skip
+    return ShardError(
+        f"{where}: {key} {problem}; this is not a manifest conveyor pack wrote (pack again, or "
+        f"restore the file; {VERIFY_HINT})"
+    )
 
 
 def read_manifest(folder: str) -> Optional[Manifest]:
@@ -148,9 +150,11 @@ def unfinished_problem(folder: str, names: Sequence[str]) -> Optional[str]:
         return None
     finished = sum(n.endswith(".tar") for n in names)
     shown = ", ".join(sorted(signs)[:3]) + (" ..." if len(signs) > 3 else "")
-    return (f"{folder}: an unfinished conveyor pack, not a data set: no {MANIFEST} (written last, when every shard "
-            f"is done), but the pack's own files ({shown}) and {finished} finished shards; run the same "
-            f"`conveyor pack` command again to finish it")  # fmt: skip
+    return (
+        f"{folder}: an unfinished conveyor pack, not a data set: no {MANIFEST} (written last, when every shard "
+        f"is done), but the pack's own files ({shown}) and {finished} finished shards; run the same "
+        f"`conveyor pack` command again to finish it"
+    )
 
 
 # --------------------------------------------------------------- listing

@@ -52,8 +52,11 @@ def window_of(device: int) -> int:
 
 def _read_ahead(device: int) -> Optional[int]:
     major, minor = os.major(device), os.minor(device)
-    for place in (f"/sys/class/bdi/{major}:{minor}/read_ahead_kb", f"/sys/dev/block/{major}:{minor}/queue/read_ahead_kb",
-                  f"/sys/dev/block/{major}:{minor}/../queue/read_ahead_kb"):  # fmt: skip
+    for place in (
+        f"/sys/class/bdi/{major}:{minor}/read_ahead_kb",
+        f"/sys/dev/block/{major}:{minor}/queue/read_ahead_kb",
+        f"/sys/dev/block/{major}:{minor}/../queue/read_ahead_kb",
+    ):
         try:
             with open(place) as f:
                 return int(f.read()) * 1024
@@ -71,7 +74,9 @@ class ReadAround:
         self.misses = 0
         self.hits = 0
 
-    def before_read(self, fd: int, advised: set[int], window: int, start: int, end: int, sequential: bool = False) -> None:
+    def before_read(
+        self, fd: int, advised: set[int], window: int, start: int, end: int, sequential: bool = False
+    ) -> None:
         """Ask for the windows ``start`` to ``end`` of ``fd`` lies in, and the one after when the read
         is ``sequential`` (it starts where the last one ended), unless asked before (``advised``)."""
         if window == 0:

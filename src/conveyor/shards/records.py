@@ -19,7 +19,7 @@ import io
 import json
 import numbers
 import tarfile
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -78,7 +78,9 @@ def encode_sample(sample: Any) -> list[tuple[str, bytes]]:
     extensions (``{"jpg": b"...", "cls": 3}``); a tuple's or list's items are
     numbered (``0.npy``, ``1.cls``); anything else is one member."""
     if isinstance(sample, dict):
-        members = [(str(ext), encode_field(str(ext), value)) for ext, value in sample.items() if not str(ext).startswith("__")]
+        members = [
+            (str(ext), encode_field(str(ext), value)) for ext, value in sample.items() if not str(ext).startswith("__")
+        ]
     elif isinstance(sample, (tuple, list)):
         members = []
         for position, value in enumerate(sample):

@@ -14,11 +14,11 @@ figures are summed in loading.py, per worker and node in workers.py, who
 used the cores in machine.py.
 """
 
+from .figures import LOADING_STAGES, STAGE_MEANINGS, STAGES, StageStats
 from .live import JsonLinesWriter, ProgressBar
 from .recorder import StatsRecorder
-from .figures import LOADING_STAGES, STAGE_MEANINGS, STAGES, StageStats
 from .report import LoaderStats
-from .scalars import ScalarWriter, stats_callback
+from .scalars import ScalarWriter
 from .trace import ChromeTrace
 from .verdict import Verdict
 from .workers import NodeStats, WorkerStats

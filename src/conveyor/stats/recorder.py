@@ -33,9 +33,9 @@ from .._engine.executor.records import DeliveryTimes
 from .._engine.interrupts import HolderLock
 from .._engine.transport.messages import LoadTimes
 from .columns import WINDOW, StageColumns, stage_stats
+from .figures import STAGES, Mark
 from .loading import LoadingTotals
 from .machine import CoreClock, CoreUse
-from .figures import STAGES, Mark
 from .report import LoaderStats
 from .workers import WorkerTotals
 

@@ -1,8 +1,9 @@
 """What a loader's stats say: :class:`LoaderStats`, its figures and the ways of showing them.
 
-    StatsRecorder.snapshot() ──Mark (raw totals)──▶ LoaderStats ──to_dict()──▶ JSON (shares and the raw totals)
-                                                               ──summary(), str()──▶ table + verdict (table.py, verdict.py)
-                                                               ──_repr_html_()──▶ the same, in a notebook
+    StatsRecorder.snapshot() ──Mark (raw totals)──▶ LoaderStats
+        LoaderStats ──to_dict()──▶ JSON (shares and the raw totals)
+                    ──summary(), str()──▶ table + verdict (table.py, verdict.py)
+                    ──_repr_html_()──▶ the same, in a notebook
 
 The figures themselves, and how each share is made of the raw totals, are in
 figures.py (:class:`~.figures.LoaderFigures`); the table and the verdict read
@@ -34,7 +35,9 @@ class LoaderStats(LoaderFigures):
     interval: Optional["LoaderStats"] = None
 
     @classmethod
-    def from_mark(cls, mark: Mark, stages: Mapping[str, StageStats], *, num_workers: int, **extras: Any) -> "LoaderStats":
+    def from_mark(
+        cls, mark: Mark, stages: Mapping[str, StageStats], *, num_workers: int, **extras: Any
+    ) -> "LoaderStats":
         wall = mark.wall_s
         wait = stages["wait"].total_s
         shares = fractions(mark, num_workers)
@@ -95,5 +98,3 @@ class LoaderStats(LoaderFigures):
     def _repr_html_(self) -> str:
         """The table and the verdict as HTML (Jupyter shows it for ``loader.stats()``)."""
         return html_table(self)
-
-

@@ -58,7 +58,9 @@ class ScalarWriter:
 
     def __init__(self, writer: MetricsWriter, prefix: str = "conveyor"):
         if not callable(getattr(writer, "add_scalar", None)):
-            raise TypeError(f"ScalarWriter needs a writer with add_scalar(tag, value, step), got {type(writer).__name__}")
+            raise TypeError(
+                f"ScalarWriter needs a writer with add_scalar(tag, value, step), got {type(writer).__name__}"
+            )
         self.writer = writer
         self.prefix = prefix
 

@@ -84,7 +84,9 @@ def worker_lines(stats: LoaderFigures) -> list[str]:
     if len(stats.workers) <= MAX_WORKER_LINES:
         for worker in stats.workers:
             where = f"pid {worker.pid}, {worker.node}" if worker.pid is not None else worker.node
-            lines.append(f"  worker {worker.worker_id} ({where}): {worker.batches:,} batches, busy {worker.busy_fraction:.0%}")
+            lines.append(
+                f"  worker {worker.worker_id} ({where}): {worker.batches:,} batches, busy {worker.busy_fraction:.0%}"
+            )
     return lines
 
 
@@ -133,7 +135,7 @@ def html_table(stats: LoaderFigures) -> str:
     shares = "".join(f"<li>{e(line.strip())}</li>" for line in share_lines(stats) + worker_lines(stats))
     verdict = "".join(f"<p>{e(line)}</p>" for line in str(judge(stats)).splitlines())
     return (
-        f"<div class=\"conveyor-stats\"><p><b>{e(_headline(stats))}</b></p>"
+        f'<div class="conveyor-stats"><p><b>{e(_headline(stats))}</b></p>'
         f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
         f"<ul>{shares}</ul>{verdict}</div>"
     )

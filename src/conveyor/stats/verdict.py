@@ -94,7 +94,8 @@ class Verdict:
     def __str__(self) -> str:
         if self.bound == "unknown":
             return f"verdict: {self.reason}\nadvice: {self.advice}"
-        head = f"verdict: {self.bound}-bound: the loop waited for data {self.data_wait_fraction:.0%} of the time once running"
+        waited = self.data_wait_fraction
+        head = f"verdict: {self.bound}-bound: the loop waited for data {waited:.0%} of the time once running"
         if self.slowest_stage is not None:
             head += f"; slowest stage: {self.slowest_stage} ({self.slowest_share:.0%} of loading time)"
         return f"{head}\nadvice: {self.advice}"
@@ -113,12 +114,15 @@ def judge(stats: LoaderFigures, cores: Optional[int] = None) -> Verdict:
     steady_s = stats.wall_s - stats.startup_s
     if stats.batches < MIN_BATCHES or steady_s < MIN_STEADY_S:
         return Verdict(
-            "unknown", wait, None, 0.0,
+            "unknown",
+            wait,
+            None,
+            0.0,
             f"iterate longer and ask again: a verdict needs {MIN_BATCHES} batches and {MIN_STEADY_S} s once "
             f"running (after each pass's first batch)",
             reason=f"too little to judge: {stats.batches} batch{'es' if stats.batches != 1 else ''} in "
             f"{stats.wall_s:.3f} s, {max(0.0, steady_s):.3f} s of it after the first batch",
-        )  # fmt: skip
+        )
     busiest = max(LOADING_STAGES, key=lambda name: stats.stages[name].total_s)
     slowest: Optional[str] = busiest
     share = stats.stage_share(busiest)
@@ -196,13 +200,16 @@ def _input_bound_advice(stats: LoaderFigures, slowest: Optional[str], share: flo
         return Advice(
             f"loading mostly waits (on a CPU only {cpu:.0%} of its time, waiting {off_cpu:.0%} {what}): more "
             f"workers than cores help here, and worker threads cost no memory or start-up, e.g. "
-            f"num_workers={max(16, 2 * workers)}, worker_method=\"thread\"; also read each batch's samples "
+            f'num_workers={max(16, 2 * workers)}, worker_method="thread"; also read each batch\'s samples '
             f"concurrently (reads_in_flight=8), or pack small files into shards (conveyor pack, docs/data.md)",
             workers=max(16, 2 * workers),
         )
     if busy >= SATURATED_BUSY:
         if workers < cores:
-            advice = f"more workers: num_workers={cores} (the {workers} workers are busy {busy:.0%}; this machine has {cores} cores)"
+            advice = (
+                f"more workers: num_workers={cores} (the {workers} workers are busy {busy:.0%}; this machine has "
+                f"{cores} cores)"
+            )
             others = stats.cores_others_fraction
             if others is not None and others >= OTHERS_TAKE_CORES:
                 advice += f"; but other processes on this machine use {others:.0%} of its cores, so expect less"
@@ -221,7 +228,9 @@ def _input_bound_advice(stats: LoaderFigures, slowest: Optional[str], share: flo
         )
         stage = stats.stages[slowest] if slowest else None
         if stage is not None and stage.p50_s > 0 and stage.p99_s > 10 * stage.p50_s:
-            advice += f"; a few batches are much slower (p99 {_ms(stage.p99_s)} against p50 {p50}): look for slow samples"
+            advice += (
+                f"; a few batches are much slower (p99 {_ms(stage.p99_s)} against p50 {p50}): look for slow samples"
+            )
         return Advice(advice)
     return Advice(
         f"the workers are busy only {busy:.0%} of the time while the loop waits {stats.steady_wait_fraction:.0%}: keep "
@@ -264,7 +273,10 @@ def _contended_advice(stats: LoaderFigures, cpu_wait: float, slowest: Optional[s
             f"{waited}: all {cores} cores are taken (by which processes is {NOT_MEASURED}), so more workers will "
             f"not help; {cheaper}, or free the cores"
         )
-    used = f"while the loader ran, other processes used {others:.0%} of the {stats.cores} usable cores and this job {job:.0%}"
+    used = (
+        f"while the loader ran, other processes used {others:.0%} of the {stats.cores} usable cores and this job "
+        f"{job:.0%}"
+    )
     idle = stats.cores_idle_fraction or 0.0
     if idle >= IDLE_WHILE_WAITING and others < OTHERS_TAKE_CORES:
         return Advice(
@@ -283,7 +295,8 @@ def _contended_advice(stats: LoaderFigures, cpu_wait: float, slowest: Optional[s
         fewer = max(1, cores - 1)
         lighter = f"use fewer workers (num_workers={fewer}: the training loop needs a core too), or {lighter}"
     return Advice(
-        f"this job takes the cores: {waited}; {used}. More workers will not help; {cheaper}, or {lighter}", workers=fewer
+        f"this job takes the cores: {waited}; {used}. More workers will not help; {cheaper}, or {lighter}",
+        workers=fewer,
     )
 
 

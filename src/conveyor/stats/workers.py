@@ -39,7 +39,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from .._engine.workers.nodes import LOCAL as LOCAL, node_of as node_of  # (the stats' and the trace's words for nodes)
+from .._engine.workers.nodes import LOCAL as LOCAL  # (the stats' and the trace's words for nodes)
+from .._engine.workers.nodes import node_of as node_of
 
 
 def _share(part: float, whole: float) -> float:

@@ -135,7 +135,12 @@ class Record:
         except ValueError:
             return None
         types: dict[str, type | tuple[type, ...]] = {
-            "format": str, "source": str, "size": int, "inode": int, "sha256": str, "etag": (str, type(None))
+            "format": str,
+            "source": str,
+            "size": int,
+            "inode": int,
+            "sha256": str,
+            "etag": (str, type(None)),
         }
         if not isinstance(fields, dict) or set(fields) != set(types) or fields["format"] != _FORMAT:
             return None

@@ -34,29 +34,38 @@ _FINAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 #: EndpointConnectionError, ConnectTimeoutError and ProxyConnectionError; its HTTPClientError covers
 #: ConnectionClosedError, ReadTimeoutError and ResponseStreamingError; aiohttp's ClientConnectionError
 #: covers ServerDisconnectedError, ClientConnectorError and ServerTimeoutError.
-_NO_ANSWER = frozenset({
-    ("botocore.exceptions", "ConnectionError"),
-    ("botocore.exceptions", "HTTPClientError"),
-    ("botocore.exceptions", "IncompleteReadError"),
-    ("aiohttp.client_exceptions", "ClientConnectionError"),
-    ("aiohttp.client_exceptions", "ClientPayloadError"),
-    ("urllib3.exceptions", "ProtocolError"),
-    ("urllib3.exceptions", "TimeoutError"),
-    ("http.client", "IncompleteRead"),
-    ("fsspec.exceptions", "FSTimeoutError"),
-})  # fmt: skip
+_NO_ANSWER = frozenset(
+    {
+        ("botocore.exceptions", "ConnectionError"),
+        ("botocore.exceptions", "HTTPClientError"),
+        ("botocore.exceptions", "IncompleteReadError"),
+        ("aiohttp.client_exceptions", "ClientConnectionError"),
+        ("aiohttp.client_exceptions", "ClientPayloadError"),
+        ("urllib3.exceptions", "ProtocolError"),
+        ("urllib3.exceptions", "TimeoutError"),
+        ("http.client", "IncompleteRead"),
+        ("fsspec.exceptions", "FSTimeoutError"),
+    }
+)
 
 #: Connection errors whose cause outlasts any backoff: a certificate that does not verify.
-_NO_ANSWER_FINAL = frozenset({
-    ("aiohttp.client_exceptions", "ClientConnectorCertificateError"),
-    ("ssl", "SSLCertVerificationError"),
-})  # fmt: skip
+_NO_ANSWER_FINAL = frozenset(
+    {("aiohttp.client_exceptions", "ClientConnectorCertificateError"), ("ssl", "SSLCertVerificationError")}
+)
 
 #: Error codes with which stores ask to be asked again later (S3 and the services that copy its API).
-_BUSY_CODES = frozenset({
-    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException",
-    "RequestTimeout", "InternalError", "ServiceUnavailable",
-})  # fmt: skip
+_BUSY_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+    }
+)
 
 #: The longest pause between two attempts, whatever ``backoff_s`` and the count of failures.
 _MAX_PAUSE_S = 30.0

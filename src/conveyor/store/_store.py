@@ -189,8 +189,13 @@ class StoreFiles:
     path)``. Use ``DataLoader(reads_in_flight=N)`` to keep N reads in
     flight per worker, and ``worker_method="thread"`` for many workers."""
 
-    def __init__(self, store: Store, prefix: str = "", paths: Optional[Sequence[str]] = None,
-                 transform: Optional[Callable[[bytes, str], Any]] = None):  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        prefix: str = "",
+        paths: Optional[Sequence[str]] = None,
+        transform: Optional[Callable[[bytes, str], Any]] = None,
+    ):
         self.store = store
         self.paths = list(paths) if paths is not None else store.list(prefix)
         self.transform = transform

@@ -85,8 +85,9 @@ def _wait_for_turn(fd: int, folder: str, stall_s: float) -> bool:
         elif now >= stalls_at:
             log.warning(
                 "another download of the same object into %s made no progress for %.0f s; downloading it here too",
-                folder, stall_s,
-            )  # fmt: skip
+                folder,
+                stall_s,
+            )
             return False
         time.sleep(_POLL_S)
 

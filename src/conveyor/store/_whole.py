@@ -74,9 +74,11 @@ def check_md5(fs: Any, url: str, source: str, info: dict, size: int, digest: str
     if expected is None or digest == expected or _etag_not_md5(fs, url):
         return
     raise WrongBytes(
-        source, size, int(info.get("size") or size),
+        source,
+        size,
+        int(info.get("size") or size),
         f"the MD5 of the {size:,} bytes the store sent is {digest}, where the object's ETag says {expected}",
-    )  # fmt: skip
+    )
 
 
 def _etag_not_md5(fs: Any, url: str) -> bool:

@@ -1,6 +1,7 @@
 """The executor that runs fetch + collate in workers: inline (``num_workers=0``,
-workers/inline.py), processes (workers/pool.py) or threads of this process
-(workers/threads.py), chosen by ``worker_method``.
+workers/inline.py), processes (workers/pool.py), threads of this process
+(workers/threads.py) or Ray actors (workers/ray_actors.py), chosen once by
+``worker_method`` (workers/choice.py).
 
     plan (Tasks) ──▶ dispatch ──Tasks──▶ workers ──Batch | TaskFailed | Exhausted──▶ collect
          ──▶ decode (views on a shared-memory slot, or the batch itself) ──▶ Delivered
@@ -19,7 +20,8 @@ Actors:
   * one failure path (``_fail``) and one idempotent shutdown (``shutdown``).
 
 This module drives the pass and its workers; a :class:`Workers` (the
-workers package: ``InlineWorkers``, ``WorkerPool``, ``ThreadWorkers``)
+workers package: ``InlineWorkers``, ``WorkerPool``, ``ThreadWorkers``,
+``RayActorWorkers``)
 reaches and ends them, and reports what cannot cross as :class:`Broken`.
 A failure of one batch (the user's exception, a conversion to tensors) is
 that batch's ``Delivered.error`` and the pool carries on, as in torch;
@@ -40,37 +42,20 @@ from typing import Any, Iterator, NoReturn, Optional
 
 from ..errors import describe_indices, live_workers_error
 from ..interrupts import raised_by_handler
-from .results import batch_arrived, task_error
-from . import failing
-from .dispatch import Dispatcher
-from .records import INTERRUPT_CHECK_S, SHUTDOWN_WAIT_S, Delivered, Interrupted, Lifecycle, Running
 from ..loading.copies import Copies
 from ..loading.fetch import FetchSpec
-from ..transport.messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
-from ..workers.pool import WorkerPool
-from .kinds import NoCopies
-from .reorder import ReorderBuffer
-from ..transport.slots import SPARE_SLOTS
-from ..workers.inline import InlineWorkers
-from ..workers.threads import ThreadWorkers
-from ..workers.ray_actors import RayActorWorkers
-from ...ray_options import RayWorkers
-from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers
 from ..loading.serving import worker_config
-from ..workers.protocol import EXITED, Broken, WorkerView, Workers
-
-
-def _workers_for(start_method: str, ray: Optional[RayWorkers] = None, stagger: bool = False) -> Workers:
-    """The Workers that reach workers started this way: "inline" (num_workers=0),
-    "thread", "ray" (actors asking for ``ray``'s resources), or a process start
-    method (``stagger``: worker 0 first, the others once its first task is out)."""
-    if start_method == "ray":
-        return RayActorWorkers(ray)
-    if start_method == "inline":
-        return InlineWorkers()
-    if start_method == "thread":
-        return ThreadWorkers()
-    return WorkerPool(start_method, stagger)
+from ..transport.messages import Batch, Exhausted, Fatal, Ready, Task, TaskFailed
+from ..transport.slots import SPARE_SLOTS
+from ..workers.choice import workers_for
+from ..workers.protocol import EXITED, Broken, Workers, WorkerView
+from . import failing
+from .dispatch import Dispatcher
+from .kinds import NoCopies
+from .records import INTERRUPT_CHECK_S, SHUTDOWN_WAIT_S, Delivered, Interrupted, Lifecycle, Running
+from .reorder import ReorderBuffer
+from .results import batch_arrived, task_error
+from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers
 
 
 class PoolExecutor:
@@ -86,7 +71,7 @@ class PoolExecutor:
         self.loading, self.running, self.base_seed = loading, running, base_seed
         self.state = Lifecycle.NEW
         self._owner_pid = os.getpid()
-        self._pool: Workers = _workers_for(running.method, running.ray, running.stagger)
+        self._pool: Workers = workers_for(running.method, running.ray, running.stagger)
         self._error: Optional[BaseException] = None
         #: Workers that have not said Ready yet; nothing is delivered until none.
         self._starting: set[int] = set()
@@ -114,7 +99,11 @@ class PoolExecutor:
         cfg = self.running
         self._started_at = perf_counter()
         try:
-            self._pool.start(partial(worker_config, self.loading, cfg, self.base_seed, self._owner_pid), cfg.workers, cfg.prefetch_factor * cfg.workers + SPARE_SLOTS)
+            self._pool.start(
+                partial(worker_config, self.loading, cfg, self.base_seed, self._owner_pid),
+                cfg.workers,
+                cfg.prefetch_factor * cfg.workers + SPARE_SLOTS,
+            )
         except BaseException:
             self.shutdown()
             raise
@@ -224,9 +213,14 @@ class PoolExecutor:
             ready_s, self._ready_s = self._ready_s, None  # (told once: with the first batch after the workers started)
             timings = timings.on_delivery(ready_s, self._pool.slots_in_use())
         return Delivered(
-            waiting.batch_index, waiting.data, waiting.error, self._progress.snapshot(), timings, waiting.skipped,
+            waiting.batch_index,
+            waiting.data,
+            waiting.error,
+            self._progress.snapshot(),
+            timings,
+            waiting.skipped,
             waiting.empty,
-        )  # fmt: skip
+        )
 
     def _start_rest(self) -> None:
         """Start the workers a staggered start left, now that the first
@@ -279,7 +273,9 @@ class PoolExecutor:
         task = self._pending.pop(message.batch_index)
         index = message.batch_index
         if isinstance(message, Batch):
-            self._reorder.put(index, batch_arrived(self._pool, worker, sent, message, self.loading.to_torch and self._pool.transports))
+            self._reorder.put(
+                index, batch_arrived(self._pool, worker, sent, message, self.loading.to_torch and self._pool.transports)
+            )
             self._progress.arrived(index, worker.id, message.worker_state)
             return
         self._pool.give_back(sent.slot)
@@ -325,7 +321,7 @@ class PoolExecutor:
         self._fail(failing.broken_error(broken, self._epoch_id, self._what))
 
     def _what(self, batch_index: Optional[int]) -> str:
-        """"batch 3 (sample indices [6, 7])", for messages."""
+        """ "batch 3 (sample indices [6, 7])", for messages."""
         if batch_index is None:
             return "a batch"
         task = self._pending.get(batch_index)

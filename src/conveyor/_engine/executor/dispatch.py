@@ -15,9 +15,9 @@ import time
 from typing import Any, Iterator, Optional
 
 from ..cpu import usable_cores
-from .records import Running
 from ..transport.messages import Task
-from ..workers.protocol import WorkerView, Workers
+from ..workers.protocol import Workers, WorkerView
+from .records import Running
 
 #: Batches in flight per worker while batches are small (Workers.small_batches)
 #: and the user left prefetch_factor to conveyor: each then costs its round

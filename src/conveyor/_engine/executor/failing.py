@@ -16,8 +16,8 @@ from typing import Any, Callable, Optional
 
 from ..errors import describe_indices, rebuild_exception, transport_error, worker_ended_error
 from ..transport.messages import Fatal
-from .watchdog import late_text
 from ..workers.protocol import Broken
+from .watchdog import late_text
 
 
 def fatal_error(

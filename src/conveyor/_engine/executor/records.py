@@ -2,7 +2,8 @@
 pass's plan, the delivered batches and their timings, and the executor's
 protocol.
 
-    loader iterator ──begin_epoch(plan: Tasks)──▶ Executor ──next_batch()──▶ Delivered(batch_index, data | error, copies, timings)
+    loader iterator ──begin_epoch(plan: Tasks)──▶ Executor ──next_batch()──▶ Delivered(batch_index,
+                                                                               data | error, copies, timings)
 
 A batch crosses three records: what to load (``transport.messages.Task``),
 what came back (``Batch``, ``TaskFailed`` or ``Exhausted``) and what is
@@ -26,7 +27,6 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Protocol
 
 from ..loading.copies import Copies
 from ..transport.messages import LoadTimes, Task
-
 
 #: How often ``next_batch`` looks, while it waits, for its ``until`` event
 #: and for a shutdown from another thread.
@@ -149,9 +149,16 @@ class Timings(NamedTuple):
         started; None on the others) and the slots lent out now."""
         main = self.delivery
         delivery = DeliveryTimes(
-            main.sampler_s, main.decode_s, perf_counter() - main.arrived_at, main.pin_s, main.arrived_at,
-            math.nan if workers_ready_s is None else workers_ready_s, main.worker_id, main.worker_pid, slots_in_use,
-        )  # fmt: skip
+            main.sampler_s,
+            main.decode_s,
+            perf_counter() - main.arrived_at,
+            main.pin_s,
+            main.arrived_at,
+            math.nan if workers_ready_s is None else workers_ready_s,
+            main.worker_id,
+            main.worker_pid,
+            slots_in_use,
+        )
         return Timings(self.loading, delivery)
 
     def fields(self) -> dict:

@@ -16,9 +16,9 @@ from time import perf_counter
 from ...collate import to_torch
 from ..errors import add_note, batch_error, describe_indices
 from ..interrupts import raised_by_handler
-from .records import Delivered, Timings, skipped_records
 from ..transport.messages import Batch, Task, TaskFailed
-from ..workers.protocol import WorkerView, Workers
+from ..workers.protocol import Workers, WorkerView
+from .records import Delivered, Timings, skipped_records
 
 
 def batch_arrived(pool: Workers, worker: WorkerView, sent: Task, message: Batch, tensors: bool) -> Delivered:
@@ -59,4 +59,3 @@ def task_error(worker: WorkerView, message: TaskFailed, task: Task, threads: boo
         return message.exception
     who = worker.describe() if threads else f"worker pid {message.failure.pid}"
     return batch_error(message.failure, who, message.batch_index, task.indices)
-

@@ -90,8 +90,9 @@ class StallWatchdog:
         return "\n".join(lines)
 
 
-def busy_workers(workers: Iterable[Any], epoch_id: int, pending: Mapping[int, Any], starting: set,
-                 with_stacks: bool) -> list[BusyWorker]:
+def busy_workers(
+    workers: Iterable[Any], epoch_id: int, pending: Mapping[int, Any], starting: set, with_stacks: bool
+) -> list[BusyWorker]:
     """What each worker (a workers.WorkerView) with something in hand is
     doing: starting up, or loading the batch of this epoch it began first
     (``pending``: batch index -> its Task). ``with_stacks`` asks

@@ -91,9 +91,7 @@ class Copies:
     def next_epoch(self) -> "Copies":
         """As the start of the next epoch: each copy's dataset state, a new
         iteration, every worker active, worker 0 first."""
-        states = tuple(
-            None if copy is None else CopyState(copy.dataset_state, None, False, 0) for copy in self.states
-        )
+        states = tuple(None if copy is None else CopyState(copy.dataset_state, None, False, 0) for copy in self.states)
         return Copies(states, (), 0)
 
     @property

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
-from ...collate import PadCollate, TorchPadCollate, default_collate, default_convert, torch_default_collate, torch_default_convert
+from ...collate import (
+    PadCollate,
+    TorchPadCollate,
+    default_collate,
+    default_convert,
+    torch_default_collate,
+    torch_default_convert,
+)
 from ...collate.allocation import Allocator as Allocate
 from ...collate.errors import naming_samples
 from ...collate.rules import collate_into
@@ -226,8 +233,11 @@ class IterableFetcher:
             try:
                 dataset.set_epoch(epoch)
             except Exception as exc:
-                add_note(exc, f"(conveyor: raised by {type(dataset).__name__}.set_epoch({epoch}) in worker "
-                              f"{self.worker_id}, giving its copy the epoch of the main process's)")  # fmt: skip
+                add_note(
+                    exc,
+                    f"(conveyor: raised by {type(dataset).__name__}.set_epoch({epoch}) in worker "
+                    f"{self.worker_id}, giving its copy the epoch of the main process's)",
+                )
                 raise
         self._epoch = epoch
 
@@ -298,7 +308,9 @@ class IterableFetcher:
         return _collate_timed(spec, samples, len(samples), allocate, clock)
 
 
-def _collate_timed(spec: FetchSpec, samples: Any, count: int, allocate: Optional[Allocate], clock: Optional[StageClock]) -> Any:
+def _collate_timed(
+    spec: FetchSpec, samples: Any, count: int, allocate: Optional[Allocate], clock: Optional[StageClock]
+) -> Any:
     if clock is None:
         return spec.collate(samples, allocate)
     clock.fetched_at = perf_counter()

@@ -24,8 +24,8 @@ from traceback import format_exception
 from typing import Any, Callable, Optional, Protocol
 
 from ...dataset import fetch_many
-from .. import info as _info
 from ...rng import thread_sample_random
+from .. import info as _info
 
 
 class EmptyBatch(Exception):

@@ -130,7 +130,9 @@ class RowPlacer(SlotAllocator):
             return
         errors: list[BaseException] = []
         if self._fill_threads == 0:
-            thread = threading.Thread(target=_fill, args=(pending, errors, _BACKGROUND_NICE), name="conveyor-fill-bg", daemon=True)
+            thread = threading.Thread(
+                target=_fill, args=(pending, errors, _BACKGROUND_NICE), name="conveyor-fill-bg", daemon=True
+            )
             thread.start()
             thread.join()
             if errors:

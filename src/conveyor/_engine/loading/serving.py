@@ -31,20 +31,20 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable, Optional, Union
 
-from ..interrupts import raised_by_handler
 from ...collate.allocation import allocate_batch
+from ...rng import global_generator_states, restore_global_generators, thread_sample_random
 from ..cpu import ThreadClock
 from ..errors import capture_failure
-from .fetch import EndOfData, FetchSpec, StageClock, fetch_seeded
-from .copies import CopyState
-from .reads import EmptyBatch
-from ..transport.messages import Batch, Exhausted, Fatal, LoadTimes, Task, TaskFailed
-from .rows import RowPlacer, SlotAllocator
+from ..interrupts import raised_by_handler
 from ..transport.encoding import encode
+from ..transport.messages import Batch, Exhausted, Fatal, LoadTimes, Task, TaskFailed
 from ..transport.pickling import pack_result
 from ..transport.slots import SlotWriter, StopFlag
 from ..transport.wire import pack
-from ...rng import global_generator_states, restore_global_generators, thread_sample_random
+from .copies import CopyState
+from .fetch import EndOfData, FetchSpec, StageClock, fetch_seeded
+from .reads import EmptyBatch
+from .rows import RowPlacer, SlotAllocator
 
 #: The exit code of a worker interrupted by KeyboardInterrupt (as a shell reports SIGINT).
 INTERRUPTED_EXIT_CODE = 128 + 2
@@ -257,7 +257,9 @@ class Serving:
         try:
             if task.epoch_id != self._epoch_id:
                 self._epoch_id = task.epoch_id
-                fetcher.begin_epoch(task.restore, task.dataset_epoch)  # an iterable's copy: set_epoch, __iter__, load_state_dict
+                fetcher.begin_epoch(
+                    task.restore, task.dataset_epoch
+                )  # an iterable's copy: set_epoch, __iter__, load_state_dict
             if writer is not None:
                 writer.begin()
             clock = StageClock() if config.timed else None

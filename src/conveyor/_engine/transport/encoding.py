@@ -18,7 +18,6 @@ import numpy as np
 from .slots import INLINE_MAX_BYTES, PLAIN_KINDS, Leaf, SlotWriter
 from .tree import map_leaves
 
-
 #: Carriers for torch dtypes numpy lacks: an integer of the same width.
 _SAME_WIDTH_INTS = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 

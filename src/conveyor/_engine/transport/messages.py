@@ -70,10 +70,21 @@ class Task:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """What crosses to a worker process: the fields a worker reads, in
         order (smaller and quicker to read back than field by name)."""
-        return (Task, (
-            self.epoch_id, self.batch_index, self.seed, self.indices, self.slot, self.restore, self.fill_threads,
-            self.dataset_epoch, 0.0, self.slot_file,  # (sampler_s stays in the main process)
-        ))  # fmt: skip
+        return (
+            Task,
+            (
+                self.epoch_id,
+                self.batch_index,
+                self.seed,
+                self.indices,
+                self.slot,
+                self.restore,
+                self.fill_threads,
+                self.dataset_epoch,
+                0.0,
+                self.slot_file,  # (sampler_s stays in the main process)
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -145,17 +156,42 @@ class Batch:
         """What crosses a worker process's pipe: the fields in order, the
         LoadTimes packed."""
         times = None if self.times is None else pack_load_times(*self.times)
-        return (_batch_from_pipe, (
-            self.epoch_id, self.batch_index, self.worker_id, self.data, self.used, self.slot_size,
-            self.note, self.worker_state, times, self.skipped, self.empty,
-        ))  # fmt: skip
+        return (
+            _batch_from_pipe,
+            (
+                self.epoch_id,
+                self.batch_index,
+                self.worker_id,
+                self.data,
+                self.used,
+                self.slot_size,
+                self.note,
+                self.worker_state,
+                times,
+                self.skipped,
+                self.empty,
+            ),
+        )
 
 
-def _batch_from_pipe(epoch_id: int, batch_index: int, worker_id: int, data: Any, used: int, slot_size: int,
-                     note: Optional[str], worker_state: Optional[CopyState], times: Optional[bytes], skipped: tuple, empty: bool) -> Batch:
+def _batch_from_pipe(
+    epoch_id: int,
+    batch_index: int,
+    worker_id: int,
+    data: Any,
+    used: int,
+    slot_size: int,
+    note: Optional[str],
+    worker_state: Optional[CopyState],
+    times: Optional[bytes],
+    skipped: tuple,
+    empty: bool,
+) -> Batch:
     """A Batch as it arrives through a pipe (Batch.__reduce__), its LoadTimes unpacked."""
     load_times = None if times is None else LoadTimes._make(unpack_load_times(times))
-    return Batch(epoch_id, batch_index, worker_id, data, used, slot_size, note, worker_state, load_times, skipped, empty)
+    return Batch(
+        epoch_id, batch_index, worker_id, data, used, slot_size, note, worker_state, load_times, skipped, empty
+    )
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ import pickle
 import sys
 import types
 from collections import ChainMap
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Iterator, Optional
 
 import cloudpickle
-from multiprocessing.reduction import ForkingPickler
 
 from .wire import pack
 
@@ -66,6 +66,7 @@ def starting_a_child(launcher: Any) -> Iterator[Any]:
         yield launcher
     finally:
         context.set_spawning_popen(previous)
+
 
 #: How deep to look for the culprit; deep enough for datasets wrapping datasets.
 _MAX_DEPTH = 8
@@ -162,7 +163,9 @@ def check_picklable(named: dict[str, Any], start_method: str) -> None:
             f"of the pickled state with __getstate__/__setstate__, or use "
             f"multiprocessing_context='fork'.)"
         )
-        error_type = type(original) if isinstance(original, (TypeError, pickle.PicklingError, AttributeError)) else TypeError
+        error_type = (
+            type(original) if isinstance(original, (TypeError, pickle.PicklingError, AttributeError)) else TypeError
+        )
         try:
             err = error_type(message)
         except Exception:

@@ -25,10 +25,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..portable import shared_memory_file
 from ...collate.convert import array_to_tensor
-from .leases import OWN_COPY_MAX_BYTES, SlotLease, own_copy
+from ..portable import shared_memory_file
 from . import slots
+from .leases import OWN_COPY_MAX_BYTES, SlotLease, own_copy
 from .slots import Leaf, create_slot_fds
 from .tree import map_leaves
 

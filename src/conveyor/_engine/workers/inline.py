@@ -32,8 +32,8 @@ from typing import Any, Callable, Optional
 
 from ..loading.copies import CopyState
 from ..loading.fetch import make_fetcher
-from ..transport.messages import Batch, Task
 from ..loading.serving import Serving, WorkerConfig, WorkerFds
+from ..transport.messages import Batch, Task
 from .protocol import AllAtOnce, NoSlots, task_of_epoch
 from .stacks import thread_stack
 
@@ -81,7 +81,9 @@ class InlineWorkers(NoSlots, AllAtOnce):
         self._queue: deque = deque()
         self._serving: Optional[Serving] = None
 
-    def start(self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int) -> None:
+    def start(
+        self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int
+    ) -> None:
         """Make the one worker's fetcher (no process, no thread, no slots)."""
         config = make_config(0, WorkerFds(), ())
         self._serving = Serving(config, make_fetcher(config.fetch, 0))

@@ -36,14 +36,13 @@ import weakref
 from multiprocessing import reduction
 from typing import Any, Optional
 
-
 from .. import portable
-from ..transport.wire import FrameReader, FrameWriter, pack
-from ..transport.pickling import SpawnFds, dumps, starting_a_child
 from ..loading.serving import WorkerConfig
+from ..transport.pickling import SpawnFds, dumps, starting_a_child
+from ..transport.wire import FrameReader, FrameWriter, pack
 from . import worker_signals
-from .starter import start_from_a_lasting_thread
 from .process import fork_entry, pickled_entry
+from .starter import start_from_a_lasting_thread
 
 #: Pipes get this much buffer (Linux's default pipe-max-size for unprivileged
 #: processes), so that most tasks and inline results go in one write.
@@ -323,8 +322,17 @@ def _spawn(config: WorkerConfig, channels: Channels, shared_fds: tuple) -> Worke
     passed = (task_fd, result_fd, *shared_fds, *(fd for fd in (life_w, stderr_fd) if fd >= 0))
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, str(task_fd), str(result_fd), str(config.worker_id), str(stderr_fd),
-             str(parent_pid), str(int(config.die_with_parent))],  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                code,
+                str(task_fd),
+                str(result_fd),
+                str(config.worker_id),
+                str(stderr_fd),
+                str(parent_pid),
+                str(int(config.die_with_parent)),
+            ],
             pass_fds=passed,
             env=env,
             stdin=subprocess.DEVNULL,

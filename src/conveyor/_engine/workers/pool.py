@@ -21,11 +21,11 @@ import warnings
 from typing import Any, Optional
 
 from ..errors import death_error, start_death_error
+from ..loading.serving import WorkerFds
 from ..transport.messages import Batch, Task
 from ..transport.pickling import check_picklable
 from ..transport.slot_pool import SlotPool
 from ..transport.slots import INLINE_MAX_BYTES, StopFlag
-from ..loading.serving import WorkerFds
 from .fleet import REAP_TIMEOUT_S, Fleet, MakeConfig, WorkerHandle, stop_workers
 from .poller import Event, Poller
 from .protocol import EXITED, Broken
@@ -249,6 +249,7 @@ class WorkerPool:
     # --------------------------------------------------------------- slots
     def lend_slot(self) -> Optional[int]:
         return self.slots.lend() if self.slots is not None else None
+
     def slots_in_use(self) -> int:
         """Slots lent out: batches in flight, waiting, or held by the user."""
         return self.slots.in_use if self.slots is not None else 0

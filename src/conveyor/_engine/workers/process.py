@@ -1,6 +1,6 @@
 """The worker process: set up once, then load batches until told to stop.
 
-    main ──Tasks──▶ [task pipe] ──▶ worker loop ──▶ fetch + collate into slot k ──▶ [result pipe] ──Batch headers──▶ main
+    main ──Tasks──▶ [task pipe] ──▶ worker loop ──▶ fetch + collate into slot k ──▶ [result pipe] ──Batch headers─▶ main
                                       │
                                       ├─ stop flag (shared byte): checked before each task
                                       ├─ stack file: faulthandler writes the stack there on a crash or on request
@@ -43,17 +43,17 @@ import threading
 import time
 from typing import Any, Optional
 
+from ...rng import last_global_seed, seed_global_generators, thread_sample_random
 from .. import info as _info
 from .. import portable
-from . import stacks, worker_signals
-from ..loading.fetch import make_fetcher
 from ..info import WorkerInfo
-from ..transport.messages import Fatal, Ready, Stop
+from ..loading.fetch import make_fetcher
 from ..loading.serving import INTERRUPTED_EXIT_CODE, Ending, Serving, WorkerConfig, WorkerFds, fatal_message
-from ..transport.slots import SlotWriters, StopFlag
 from ..torch_hook import when_torch_loads
+from ..transport.messages import Fatal, Ready, Stop
+from ..transport.slots import SlotWriters, StopFlag
 from ..transport.wire import pack, read_frame, unpack, write_frame
-from ...rng import last_global_seed, seed_global_generators, thread_sample_random
+from . import stacks, worker_signals
 
 #: glibc returns freed memory above this much to the kernel; every sample a
 #: dataset makes then lands on fresh pages, which cost ~10x more to write
@@ -89,10 +89,14 @@ def _set_worker_info(config: WorkerConfig) -> None:
         try:
             from torch.utils.data._utils import worker as torch_worker
 
-            fields = dict(id=config.worker_id, num_workers=config.num_workers, seed=config.seed, dataset=config.fetch.dataset)
+            fields = dict(
+                id=config.worker_id, num_workers=config.num_workers, seed=config.seed, dataset=config.fetch.dataset
+            )
             current = _info.current
             try:
-                torch_worker._worker_info = torch_worker.WorkerInfo(**fields, rng=current.rng if current is not None else None)
+                torch_worker._worker_info = torch_worker.WorkerInfo(
+                    **fields, rng=current.rng if current is not None else None
+                )
             except TypeError:  # (a torch whose WorkerInfo has no rng field)
                 torch_worker._worker_info = torch_worker.WorkerInfo(**fields)
         except Exception:  # an unusual torch build: conveyor's own answer still works

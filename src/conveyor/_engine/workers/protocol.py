@@ -99,7 +99,7 @@ class WorkerView(Protocol):
         """The task of this epoch it is working on, if any."""
 
     def describe(self) -> str:
-        """"worker 0 (pid 123)", for messages."""
+        """ "worker 0 (pid 123)", for messages."""
 
     def stack_text(self) -> str:
         """Its Python stack now ("" when it cannot be had)."""

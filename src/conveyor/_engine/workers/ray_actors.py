@@ -38,15 +38,15 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ...ray_options import RayWorkers
 from ..errors import WorkerDiedError
 from ..executor.kinds import MAP
 from ..loading.serving import WorkerConfig, WorkerFds
 from ..transport.messages import Batch, Fatal, Ready, Task
 from ..transport.tree import map_leaves
-from ...ray_options import RayWorkers
 from .nodes import remote_timing_pid
+from .protocol import EXITED, AllAtOnce, Broken, NoSlots
 from .ray_handle import RayHandle
-from .protocol import AllAtOnce, EXITED, Broken, NoSlots
 from .ray_worker import LoadingActor, pickle_config
 
 #: The longest one wait on Ray blocks before the executor looks again (its
@@ -57,13 +57,12 @@ _GET_TIMEOUT_S = 120.0
 #: After a stop, how long to wait for this node's actor processes to end.
 _STOP_WAIT_S = 5.0
 
+
 def _import_ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise ImportError(
-            f"worker_method='ray' needs Ray: pip install 'conveyor[ray]' ({exc})"
-        ) from exc
+        raise ImportError(f"worker_method='ray' needs Ray: pip install 'conveyor[ray]' ({exc})") from exc
     return ray
 
 
@@ -91,7 +90,9 @@ class RayActorWorkers(NoSlots, AllAtOnce):
         self._here = ""
 
     # --------------------------------------------------------------- start
-    def start(self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int) -> None:
+    def start(
+        self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int
+    ) -> None:
         """Connect to Ray (``ray.init()`` when the user has not), pickle
         each worker's config and start its actor; no slots."""
         ray = self._ray = _import_ray()

@@ -85,7 +85,11 @@ def pickle_config(config: WorkerConfig) -> bytes:
     try:
         return dumps(config)
     except Exception as exc:
-        fields = {"dataset": config.fetch.dataset, "collate_fn": config.fetch.collate_fn, "worker_init_fn": config.worker_init_fn}
+        fields = {
+            "dataset": config.fetch.dataset,
+            "collate_fn": config.fetch.collate_fn,
+            "worker_init_fn": config.worker_init_fn,
+        }
         path, culprit = next(
             (found for name, obj in fields.items() if (found := find_unpicklable(obj, name)) is not None),
             ("the worker's config", config),

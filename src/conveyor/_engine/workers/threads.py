@@ -33,16 +33,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from ...rng import thread_sample_random
 from .. import info as _info
 from ..errors import WorkerDiedError
-from ..loading.fetch import make_fetcher
 from ..info import WorkerInfo
+from ..loading.fetch import make_fetcher
+from ..loading.serving import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
+from ..torch_hook import when_torch_loads
 from ..transport.messages import Batch, Ready, Task
 from .fleet import STOP_GRACE_S
-from ..torch_hook import when_torch_loads
-from ..loading.serving import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
-from ...rng import thread_sample_random
-from .protocol import AllAtOnce, EXITED, NoSlots, task_of_epoch
+from .protocol import EXITED, AllAtOnce, NoSlots, task_of_epoch
 from .stacks import thread_stack
 
 
@@ -95,7 +95,9 @@ class ThreadWorkers(NoSlots, AllAtOnce):
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self._stopping = threading.Event()
 
-    def start(self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int) -> None:
+    def start(
+        self, make_config: Callable[[int, WorkerFds, tuple], WorkerConfig], num_workers: int, num_slots: int
+    ) -> None:
         """Start ``num_workers`` threads (no slots: batches are handed over as they are)."""
         when_torch_loads(_answer_torch_in_threads)
         for wid in range(num_workers):
@@ -129,7 +131,11 @@ class ThreadWorkers(NoSlots, AllAtOnce):
     def wait(self, timeout_s: Optional[float]) -> list[tuple[ThreadHandle, Any]]:
         """What the threads have sent since the last wait, in order; [] at the timeout."""
         try:
-            first = self._results.get(timeout=timeout_s) if timeout_s is None or timeout_s > 0 else self._results.get_nowait()
+            first = (
+                self._results.get(timeout=timeout_s)
+                if timeout_s is None or timeout_s > 0
+                else self._results.get_nowait()
+            )
         except queue.Empty:
             return []
         arrived = [first]
