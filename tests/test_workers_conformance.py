@@ -1,7 +1,7 @@
 """One conformance suite for every implementation of ``Workers``.
 
 The pool executor drives its workers only through the ``Workers`` protocol
-(``_engine/workers.py``): start, send, wait, decode, exit_error, slots, stop.
+(``_engine/workers/protocol.py``): start, send, wait, decode, exit_error, slots, stop.
 Each implementation (processes under fork and spawn, threads, the inline
 worker of ``num_workers=0``, Ray actors on a local Ray instance started
 once for the module) runs the same tests here, driven directly,
