@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import conveyor.dataset as cd
-import conveyor.splits as cs
 from toy_datasets import Squares
 
 # --- helpers ---------------------------------------------------------------
@@ -362,7 +361,7 @@ def test_random_split_equals_torch_for_same_generator(n, lengths, seed):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = tud.random_split(range(n), lengths, generator=torch.Generator().manual_seed(seed))
-        ours = cs.random_split(range(n), lengths, generator=torch.Generator().manual_seed(seed))
+        ours = cd.random_split(range(n), lengths, generator=torch.Generator().manual_seed(seed))
     assert _split_indices(ours) == _split_indices(theirs)
     assert all(isinstance(s, cd.Subset) for s in ours)
     assert [list(s) for s in ours] == [list(s) for s in theirs]
@@ -372,7 +371,7 @@ def test_random_split_zero_length_warning_matches_torch():
     with pytest.warns(UserWarning) as theirs:
         tud.random_split(range(2), [0.1, 0.1, 0.8], generator=torch.Generator().manual_seed(0))
     with pytest.warns(UserWarning) as ours:
-        cs.random_split(range(2), [0.1, 0.1, 0.8], generator=0)
+        cd.random_split(range(2), [0.1, 0.1, 0.8], generator=0)
     assert [str(w.message) for w in ours] == [str(w.message) for w in theirs]
     assert ours[0].filename == __file__  # points at the caller
 
@@ -381,32 +380,32 @@ def test_random_split_errors_match_torch():
     gen = torch.Generator().manual_seed(0)
     assert_same_error(
         lambda: tud.random_split(range(10), [3, 6], generator=gen),
-        lambda: cs.random_split(range(10), [3, 6], generator=gen),
+        lambda: cd.random_split(range(10), [3, 6], generator=gen),
     )
     assert_same_error(
         lambda: tud.random_split(range(10), [1.5, -0.5], generator=gen),
-        lambda: cs.random_split(range(10), [1.5, -0.5], generator=gen),
+        lambda: cd.random_split(range(10), [1.5, -0.5], generator=gen),
     )
     assert_same_error(
         lambda: tud.random_split(range(10), [2.5, 7.5], generator=gen),
-        lambda: cs.random_split(range(10), [2.5, 7.5], generator=gen),
+        lambda: cd.random_split(range(10), [2.5, 7.5], generator=gen),
         prefix="random_split lengths must be ints",
     )
     with pytest.raises(ValueError, match="must not be negative"):
-        cs.random_split(range(10), [-1, 11], generator=0)
+        cd.random_split(range(10), [-1, 11], generator=0)
 
 
 def test_random_split_accepts_fractions_summing_just_above_one():
     lengths = [0.05] * 20  # sums to 1.0000000000000002: torch raises (pytorch#128116)
     with pytest.raises(ValueError, match="Sum of input lengths"):
         tud.random_split(range(40), lengths, generator=torch.Generator().manual_seed(0))
-    splits = cs.random_split(range(40), lengths, generator=0)
+    splits = cd.random_split(range(40), lengths, generator=0)
     assert [len(s) for s in splits] == [2] * 20
 
 
 def test_random_split_numpy_generators_and_seeds_are_reproducible():
     def run(generator):
-        return _split_indices(cs.random_split(range(20), [0.5, 0.5], generator=generator))
+        return _split_indices(cd.random_split(range(20), [0.5, 0.5], generator=generator))
 
     assert run(np.random.default_rng(3)) == run(np.random.default_rng(3)) == run(3)
     np.random.seed(5)
@@ -429,7 +428,7 @@ def test_random_split_partitions_the_indices(n, cuts, seed, fractions):
         lengths = [length / n for length in lengths]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        splits = cs.random_split(list(range(n)), lengths, generator=seed)
+        splits = cd.random_split(list(range(n)), lengths, generator=seed)
     flat = [i for s in splits for i in s.indices]
     assert sorted(flat) == list(range(n))
     if not fractions or not n:
@@ -488,7 +487,7 @@ def test_fetch_many_passes_getitems_output_through_like_torch():
         lambda: cd.StackDataset(x=[1, 2], y=np.arange(2)),
         lambda: cd.ConcatDataset([[1, 2], Squares(3)]),
         lambda: cd.ChainDataset([Count(0, 2), Count(4, 5)]),
-        lambda: cs.random_split(Squares(6), [2, 4], generator=1)[1],
+        lambda: cd.random_split(Squares(6), [2, 4], generator=1)[1],
     ],
 )
 def test_datasets_pickle(make):

@@ -11,8 +11,18 @@ from ._engine.errors import TransportError, WorkerDiedError
 from ._engine.executor.watchdog import StallWarning
 from ._engine.info import WorkerInfo, get_worker_info
 from .collate import PadCollate, default_collate, default_convert, register_collate
-from .compact import CompactList
-from .dataset import ChainDataset, ConcatDataset, Dataset, IterableDataset, StackDataset, Subset, TensorDataset
+from .dataset import (
+    ChainDataset,
+    CompactList,
+    ConcatDataset,
+    Dataset,
+    IterableDataset,
+    ShardedIterable,
+    StackDataset,
+    Subset,
+    TensorDataset,
+    random_split,
+)
 from .loader import DataLoader
 from .ray_options import RayWorkers
 from .rng import SampleRandom, derive_seed, sample_rng
@@ -27,9 +37,7 @@ from .sampler import (
     TokenBudgetBatchSampler,
     WeightedRandomSampler,
 )
-from .sharding import ShardedIterable
 from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample
-from .splits import random_split
 from .state import Stateful
 
 __version__ = "0.1.0"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .arguments import is_int
+from .dataset import epoch_of
 
 
 class DatasetEpoch:
@@ -42,8 +42,8 @@ class DatasetEpoch:
         gave it last; None: none to tell (no ``set_epoch``, or no epoch known)."""
         if not self._iterable or not callable(getattr(dataset, "set_epoch", None)):
             return None
-        epoch: Any = getattr(dataset, "epoch", None)
-        return int(epoch) if is_int(epoch) else self._given
+        epoch = epoch_of(dataset)
+        return self._given if epoch is None else epoch
 
 
 __all__ = ["DatasetEpoch"]

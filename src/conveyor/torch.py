@@ -32,12 +32,10 @@ from . import collate as _collate
 from . import dataset as _dataset
 from . import loader as _loader
 from . import sampler as _sampler
-from . import sharding as _sharding
-from . import splits as _splits
 from ._engine.errors import TransportError, WorkerDiedError  # noqa: F401  (re-exported)
 from ._engine.executor.watchdog import StallWarning  # noqa: F401  (re-exported)
 from ._engine.info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
-from .compact import CompactList  # noqa: F401  (re-exported)
+from .dataset import CompactList  # noqa: F401  (re-exported)
 from .ray_options import RayWorkers  # noqa: F401  (re-exported)
 from .rng import GeneratorLike, SampleRandom, sample_rng  # noqa: F401  (re-exported)
 from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample  # noqa: F401  (re-exported)
@@ -86,7 +84,7 @@ if TYPE_CHECKING:
 
     class Subset(_dataset.Subset[_T_co], _tud.Subset[_T_co]): ...  # type: ignore[misc]
 
-    class ShardedIterable(_sharding.ShardedIterable, _tud.IterableDataset): ...  # type: ignore[misc]
+    class ShardedIterable(_dataset.ShardedIterable, _tud.IterableDataset): ...  # type: ignore[misc]
 
     class Sampler(_sampler.Sampler[_T_co], _tud.Sampler[_T_co]): ...
 
@@ -114,7 +112,7 @@ else:
     ConcatDataset = _torch_flavoured(_dataset.ConcatDataset, _tud.ConcatDataset)
     ChainDataset = _torch_flavoured(_dataset.ChainDataset, _tud.ChainDataset)
     Subset = _torch_flavoured(_dataset.Subset, _tud.Subset)
-    ShardedIterable = _torch_flavoured(_sharding.ShardedIterable, _tud.IterableDataset)
+    ShardedIterable = _torch_flavoured(_dataset.ShardedIterable, _tud.IterableDataset)
 
     # Samplers: torch's draws; instances of torch's class of the same name, so
     # frameworks that look for torch's samplers (Lightning, Accelerate) find them.
@@ -145,7 +143,7 @@ def random_split(
     """
     if generator is None:
         generator = _torch.default_generator
-    return [Subset(part.dataset, part.indices) for part in _splits.random_split(dataset, lengths, generator=generator)]
+    return [Subset(part.dataset, part.indices) for part in _dataset.random_split(dataset, lengths, generator=generator)]
 
 
 class DataLoader(_loader.DataLoader[_T_co], _tud.DataLoader[_T_co]):  # type: ignore[misc]  # (conveyor's __iter__ and attributes come first)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional
 
-from ..compact import CompactList
+from ..dataset import CompactList
 
 #: File endings taken as images (torchvision's IMG_EXTENSIONS, lower case).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")

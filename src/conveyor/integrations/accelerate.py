@@ -46,7 +46,7 @@ from accelerate.state import GradientState
 from accelerate.utils import send_to_device, synchronize_rng_states
 
 import conveyor.torch as _ctorch
-from conveyor.sharding import ShardedIterable
+from conveyor.dataset import ShardedIterable
 
 from ._accelerate_share import RankShare, SavesPerRank, install_checkpoint_hooks
 from ._rebuild import rebuilt

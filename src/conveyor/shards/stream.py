@@ -14,8 +14,7 @@ import random
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, Sized
 
 from .._engine.info import get_worker_info
-from ..dataset import IterableDataset
-from ..sharding import distributed_world, torch_worker_info
+from ..dataset import IterableDataset, distributed_world, torch_worker_info
 
 if TYPE_CHECKING:
     from ..store import Store

@@ -18,20 +18,27 @@ lengths and error types) and accept numpy arrays wherever torch takes tensors:
 * :class:`ConcatDataset`  — map-style datasets one after another;
 * :class:`ChainDataset`   — iterable datasets one after another;
 * :class:`Subset`         — a dataset seen through a list of indices;
-* ``random_split``        — non-overlapping random subsets (in splits.py).
+* ``random_split``        — non-overlapping random subsets;
+* :class:`ShardedIterable` — an iterable shared out over workers and ranks;
+* :class:`CompactList`    — a list that forked workers read without copying it.
 
 Where torch raises ``AssertionError`` for bad arguments, conveyor raises an
 error that is both the ``ValueError``/``TypeError`` its own convention asks for
 and an ``AssertionError``, so ``except`` clauses written for either keep working.
 
-This module names them all; they live by concept in dataset_protocol.py (the
-base classes, what their ``+`` makes, telling styles apart, reading a batch)
-and dataset_views.py (the datasets read through an index).
+This package names them all; they live by concept in _protocol.py (the
+base classes, what their ``+`` makes, telling styles apart, reading a batch),
+_views.py (the datasets read through an index), _splits.py, _sharding.py
+and _compact.py.
 """
 
 from __future__ import annotations
 
-from .dataset_protocol import (
+import sys
+
+from . import _compact, _protocol, _sharding, _splits, _views
+from ._compact import CompactList
+from ._protocol import (
     ChainDataset,
     ConcatDataset,
     Dataset,
@@ -40,7 +47,24 @@ from .dataset_protocol import (
     is_iterable_dataset,
     is_map_dataset,
 )
-from .dataset_views import StackDataset, Subset, TensorDataset
+from ._protocol import epoch_of as epoch_of  # (not public: the loader's dataset_epoch.py reads a dataset's epoch)
+from ._sharding import ShardedIterable
+from ._sharding import distributed_world as distributed_world  # (not public: shards/stream.py shards by them too)
+from ._sharding import torch_worker_info as torch_worker_info
+from ._splits import random_split
+from ._views import StackDataset, Subset, TensorDataset
+
+#: The modules' names before this package: a pickle names a class by its module
+#: (``conveyor.dataset_views.Subset``), so old pickles load through these aliases.
+_FORMER_NAMES = {
+    "conveyor.dataset_protocol": _protocol,
+    "conveyor.dataset_views": _views,
+    "conveyor.splits": _splits,
+    "conveyor.sharding": _sharding,
+    "conveyor.compact": _compact,
+}
+for _name, _module in _FORMER_NAMES.items():
+    sys.modules.setdefault(_name, _module)
 
 __all__ = [
     "Dataset",
@@ -50,6 +74,9 @@ __all__ = [
     "ConcatDataset",
     "ChainDataset",
     "Subset",
+    "random_split",
+    "ShardedIterable",
+    "CompactList",
     "is_iterable_dataset",
     "is_map_dataset",
     "fetch_many",

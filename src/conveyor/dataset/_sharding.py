@@ -23,9 +23,8 @@ import os
 import sys
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from ._engine.info import get_worker_info
-from .arguments import is_int
-from .dataset import IterableDataset
+from .._engine.info import get_worker_info
+from ._protocol import IterableDataset, epoch_of
 
 #: What ``even=`` takes (None: each rank gets its share, which may differ by one item).
 EVEN_POLICIES = (None, "drop", "pad")
@@ -136,8 +135,8 @@ class ShardedIterable(IterableDataset):
     @property
     def epoch(self) -> Optional[int]:
         """The source's epoch (its ``epoch``), else the one ``set_epoch`` was given last (None: none)."""
-        epoch = getattr(self.source, "epoch", None)
-        return epoch if is_int(epoch) else self._epoch
+        epoch = epoch_of(self.source)
+        return self._epoch if epoch is None else epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Pass ``epoch`` on to ``source`` when it has ``set_epoch``."""

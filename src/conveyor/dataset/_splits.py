@@ -12,7 +12,7 @@ from typing import Any, SupportsIndex
 
 from conveyor.rng import GeneratorLike, source_for
 
-from .dataset import Subset
+from ._views import Subset
 
 __all__ = ["random_split"]
 

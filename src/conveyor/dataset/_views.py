@@ -5,10 +5,10 @@ wherever torch takes tensors:
 * :class:`TensorDataset` — rows of equally long arrays or tensors;
 * :class:`StackDataset`  — samples of several datasets side by side;
 * :class:`Subset`        — a dataset seen through a list of indices
-  (``random_split``, in splits.py, cuts a dataset into Subsets).
+  (``random_split``, in _splits.py, cuts a dataset into Subsets).
 
 A batch of them is read through each inner dataset's ``__getitems__`` when it
-has one (dataset_protocol.py's reading), so batched readers stay batched.
+has one (_protocol.py's reading), so batched readers stay batched.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast, overload
 
-from .dataset_protocol import Dataset, InvalidDatasetArgument, fetch_many, read_batch
+from ._protocol import Dataset, InvalidDatasetArgument, fetch_many, read_batch
 
 __all__ = ["TensorDataset", "StackDataset", "Subset"]
 

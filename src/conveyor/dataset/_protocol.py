@@ -9,8 +9,9 @@ what their ``+`` makes lives here with them: :class:`ConcatDataset`
 (map-style datasets one after another) and :class:`ChainDataset` (iterable
 ones). :func:`is_map_dataset` and :func:`is_iterable_dataset` tell the
 styles apart by duck typing, torch never imported; :func:`fetch_many` is how
-the loader reads one batch of a map-style dataset. The datasets read through
-an index (TensorDataset, StackDataset, Subset) are in dataset_views.py;
+the loader reads one batch of a map-style dataset, and :func:`epoch_of` the
+epoch an iterable one says it is at. The datasets read through
+an index (TensorDataset, StackDataset, Subset) are in _views.py;
 conveyor.dataset names them all.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import numbers
 import operator
 import sys
 import warnings
@@ -33,6 +35,7 @@ __all__ = [
     "is_iterable_dataset",
     "is_map_dataset",
     "fetch_many",
+    "epoch_of",
 ]
 
 T_co = TypeVar("T_co", covariant=True)
@@ -143,6 +146,14 @@ def is_map_dataset(obj: Any) -> bool:
         (True, True, False)
     """
     return _type_defines(obj, "__getitem__") and not is_iterable_dataset(obj)
+
+
+def epoch_of(dataset: Any) -> int | None:
+    """The epoch an iterable dataset says it is at: its ``epoch`` attribute
+    when that is an int (not a bool), as ``ShardedIterable``'s and
+    ``ShardDataset.stream()``'s are; None when it has none."""
+    epoch = getattr(dataset, "epoch", None)
+    return int(epoch) if isinstance(epoch, numbers.Integral) and not isinstance(epoch, bool) else None
 
 
 def _is_batch_sequence(items: Any) -> bool:
