@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .arguments import is_int
+from .sampler.arguments import is_int
 
 
 class DatasetEpoch:

@@ -24,8 +24,8 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from ._engine.info import get_worker_info
-from .arguments import is_int
 from .dataset import IterableDataset
+from .sampler.arguments import is_int
 
 #: What ``even=`` takes (None: each rank gets its share, which may differ by one item).
 EVEN_POLICIES = (None, "drop", "pad")

@@ -27,26 +27,27 @@ import warnings
 from time import perf_counter
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, TypeVar, Union
 
-# (Each module by its own name, not through the package: conveyor/__init__ imports this one.)
-import conveyor.arguments as _args
+# (Each module by its own name, not through its package: conveyor/__init__ imports this one.)
 import conveyor.collate as _collate
+import conveyor.loader._arguments as _args
 import conveyor.sampler as _sampler
 import conveyor.skips as _skips
 import conveyor.state as _state
 import conveyor.stats as _stats
 
-from ._engine.cpu import usable_cores
-from ._engine.executor.core import PoolExecutor
-from ._engine.executor.pin import pinning
-from .dataset_epoch import DatasetEpoch
-from .first_draw import PassBatches
-from .iteration import LoaderIterator
-from .loader_plan import make_plan
-from .persistent import PersistentWorkers, started
-from .plan import Plan
-from .ray_options import RayWorkers
-from .sampler.samplers import _InfiniteConstantSampler
-from .stats.scalars import MetricsWriter, stats_callback
+from .._engine.cpu import usable_cores
+from .._engine.executor.core import PoolExecutor
+from .._engine.executor.pin import pinning
+from ..dataset_epoch import DatasetEpoch
+from ..ray_options import RayWorkers
+from ..sampler.arguments import is_int
+from ..sampler.samplers import _InfiniteConstantSampler
+from ..stats.scalars import MetricsWriter, stats_callback
+from ._first_draw import PassBatches
+from ._iteration import LoaderIterator
+from ._persistent import PersistentWorkers, started
+from ._plan import make_plan
+from ._plan_parts import Plan
 
 __all__ = ["DataLoader"]
 
@@ -249,7 +250,7 @@ class DataLoader(Generic[T_co]):
         With ``seed=``, the epoch picks the shuffle and the batch seeds, so
         calling ``set_epoch(e)`` before ``iter()`` reproduces epoch ``e``.
         """
-        if not _args.is_int(epoch) or epoch < 0:
+        if not is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         dropped = self._tracker.set_epoch(epoch, type(self).__name__)
         # The index sampler (a BatchSampler passes it on to its sampler).

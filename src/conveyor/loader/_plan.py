@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Protocol
 
-from ._engine.executor.kinds import kind_of
-from ._engine.executor.records import Running
-from ._engine.loading.fetch import FetchSpec, collate_route
-from ._engine.workers.launch import START_METHODS, resolve_start_method
-from .plan import Delivering, Plan, Sampling
-from .ray_options import ray_workers_of
-from .skips import epoch_samples
+from .._engine.executor.kinds import kind_of
+from .._engine.executor.records import Running
+from .._engine.loading.fetch import FetchSpec, collate_route
+from .._engine.workers.launch import START_METHODS, resolve_start_method
+from ..ray_options import ray_workers_of
+from ..skips import epoch_samples
+from ._plan_parts import Delivering, Plan, Sampling
 
 __all__ = ["LoaderArguments", "make_plan", "start_method"]
 

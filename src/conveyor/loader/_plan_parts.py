@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ._engine.executor.records import Running
-from ._engine.loading.fetch import FetchSpec
+from .._engine.executor.records import Running
+from .._engine.loading.fetch import FetchSpec
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ import weakref
 from time import perf_counter
 from typing import Any, Iterator, Optional
 
-from ._engine.executor.pin import PinThread, pin_tree
-from ._engine.executor.records import Delivered, Executor
-from ._engine.transport.messages import Task
-from .plan import Plan
-from .skips import BadSampleBudgetExceeded, SkipLedger
-from .state import EpochProgress, Start
-from .stats import StatsRecorder
+from .._engine.executor.pin import PinThread, pin_tree
+from .._engine.executor.records import Delivered, Executor
+from .._engine.transport.messages import Task
+from ..skips import BadSampleBudgetExceeded, SkipLedger
+from ..state import EpochProgress, Start
+from ..stats import StatsRecorder
+from ._plan_parts import Plan
 
 #: Identifies each pass over the data, so a persistent pool drops the
 #: results of an abandoned pass (set_epoch may repeat epoch numbers).

@@ -15,8 +15,8 @@ from __future__ import annotations
 import weakref
 from typing import Any, Optional
 
-from ._engine.executor.core import PoolExecutor
-from .plan import Plan
+from .._engine.executor.core import PoolExecutor
+from ._plan_parts import Plan
 
 
 def started(executor: PoolExecutor) -> PoolExecutor:
