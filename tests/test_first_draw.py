@@ -1,4 +1,4 @@
-"""The epoch's first draw runs in a short-lived thread (first_draw.py), so
+"""The epoch's first draw runs in a short-lived thread (loader/_first_draw.py), so
 that a signal handler's state_dict() never waits on the main thread itself;
 to the sampler it looks as if the loop's thread drew."""
 

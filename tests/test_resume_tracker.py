@@ -73,7 +73,7 @@ class Pass:
         self._indices = iter(view.index_sampler)
         self._drawn = 0
         self._ahead: list = []
-        # A save before the first delivery asks for the epoch's draw (the loader's first_draw.FirstDrawAhead).
+        # A save before the first delivery asks for the epoch's draw (the loader's _first_draw.FirstDrawAhead).
         self.start.progress.draw_first = self._draw_ahead
 
     def _draw_ahead(self) -> None:

@@ -1,4 +1,5 @@
-"""Argument checks the samplers share: torch's messages for a bad integer or boolean."""
+"""Argument checks the samplers share: torch's messages for a bad integer or boolean
+(``is_int`` also for the loader's arguments and the epochs datasets report)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ from typing import Any, TypeGuard
 
 def _is_int(value: object) -> TypeGuard[numbers.Integral]:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an integer (numpy's too) and not a bool, for a caller
+    that keeps the value as it is (``_is_int`` narrows it to ``numbers.Integral``)."""
+    return _is_int(value)
 
 
 def _check_positive_int(name: str, value: Any, context: str = "") -> int:

@@ -341,7 +341,7 @@ class PoolExecutor:
 
     @property
     def usable(self) -> bool:
-        """Started, neither broken nor shut down (as an interrupted pass leaves it: iteration.py)."""
+        """Started, neither broken nor shut down (as an interrupted pass leaves it: loader/_iteration.py)."""
         return self.state is Lifecycle.RUNNING
 
     def __reduce__(self) -> tuple:

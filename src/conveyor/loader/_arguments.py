@@ -10,14 +10,11 @@ import numbers
 import warnings
 from typing import Any, Optional
 
-from ._engine import portable
-from ._engine.workers.launch import START_METHODS
-from .dataset import is_iterable_dataset, is_map_dataset
-from .ray_options import RayWorkers
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+from .._engine import portable
+from .._engine.workers.launch import START_METHODS
+from ..dataset import is_iterable_dataset, is_map_dataset
+from ..ray_options import RayWorkers
+from ..sampler.arguments import is_int
 
 
 def check_iterable(value: Any, name: str) -> None:
@@ -138,7 +135,7 @@ def warn_worker_count(num_workers: int, worker_method: Any, available: int) -> N
 
 def check_skip_bad_samples(value: Any, iterable: bool) -> Any:
     """The SkipBudget ``DataLoader(skip_bad_samples=value)`` means, or None."""
-    from .skips import SkipBudget
+    from ..skips import SkipBudget
 
     budget = SkipBudget.of(value)
     if budget is not None and iterable:

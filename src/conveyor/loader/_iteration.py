@@ -1,7 +1,7 @@
 """One pass over the data: the plan, the executor, delivery to the loop.
 
     iter(loader) ──▶ LoaderIterator(start, index sampler's batches, the loader's plan)
-        plan:      the sampler's batches (first_draw.py: replayed, first drawn ahead)
+        plan:      the sampler's batches (_first_draw.py: replayed, first drawn ahead)
                    ──▶ _plan: Task(pass id, index, seed, indices) for each batch
         executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(batch_index, data | error, copies, timings, skipped)
         delivery:  skipped samples ──▶ SkipLedger (skip_bad_samples: log, stats, budget);
@@ -32,13 +32,13 @@ import weakref
 from time import perf_counter
 from typing import Any, Iterator, Optional
 
-from ._engine.executor.pin import PinThread, pin_tree
-from ._engine.executor.records import Delivered, Executor
-from ._engine.transport.messages import Task
-from .plan import Plan
-from .skips import BadSampleBudgetExceeded, SkipLedger
-from .state import EpochProgress, Start
-from .stats import StatsRecorder
+from .._engine.executor.pin import PinThread, pin_tree
+from .._engine.executor.records import Delivered, Executor
+from .._engine.transport.messages import Task
+from ..skips import BadSampleBudgetExceeded, SkipLedger
+from ..state import EpochProgress, Start
+from ..stats import StatsRecorder
+from ._plan import Plan
 
 #: Identifies each pass over the data, so a persistent pool drops the
 #: results of an abandoned pass (set_epoch may repeat epoch numbers).

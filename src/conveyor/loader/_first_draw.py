@@ -25,7 +25,7 @@ import threading
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
-from .sampler.replay import replay
+from ..sampler.replay import replay
 
 
 class FirstDrawAhead:

@@ -1,12 +1,15 @@
-"""The DataLoader: torch.utils.data's arguments (checked early, arguments.py),
-the samplers, and one iteration per ``iter()`` (iteration.py).
+"""The DataLoader: torch.utils.data's arguments (checked early: _arguments.py),
+the samplers, one pass per ``iter()`` (_iteration.py), and the workers it
+keeps between passes (``persistent_workers=True``: PersistentWorkers, below).
 
     DataLoader(dataset, batch_size, shuffle, sampler, ...)     validates, builds samplers
-      └─ _plan ─▶ the Plan of its arguments (loader_plan.py), for a pass or a state
-      └─ __iter__ ─▶ ResumeTracker.begin (state.py): the epoch, its base seed, what it resumes
+      └─ _plan ─▶ the Plan of its arguments (_plan.py), for a pass or a state
+      └─ __iter__ ─▶ ResumeTracker.begin (conveyor.state): the epoch, its base seed, what it resumes
                  ─▶ the executor (PoolExecutor) over inline workers (num_workers=0), worker
-                    threads or processes (persistent ones kept by the loader: persistent.py)
+                    threads or processes: the pass's own, or the loader's kept ones
                  ─▶ LoaderIterator: plan ─▶ executor ─▶ Delivered ─▶ the loop
+      └─ state_dict(), load_state_dict(): its resumable state (_state_methods.py)
+      └─ stats(), on_stats(), trace(): its figures (_stats_methods.py)
 
 Seeds (one root per epoch): ``base_seed`` is ``derive_seed(seed, epoch)`` when
 ``seed=`` is given, else one draw from ``generator`` (or the global generator)
@@ -15,38 +18,48 @@ torch seeded from ``derive_seed(base_seed, i)``, in a worker process or in-proce
 (an iterable dataset's batch ``k`` from worker ``w``: ``derive_seed(base_seed, w, k)``;
 thread workers leave the global generators to the training loop), and each
 sample with its own generators (``conveyor.sample_rng()``) from that seed.
+
+Kept workers (``PersistentWorkers``)::
+
+    DataLoader.__iter__ ──PersistentWorkers.for_pass()──▶ the kept executor
+        (started at the first pass, and again after one broke or was shut
+        down, as an interrupted pass does: _iteration.py; the pass
+        before hands it over first: its pin thread stops driving it)
+    DataLoader collected ──▶ the executor shut down (a finalizer)
+
+Without persistent workers each pass starts and owns an executor of its
+own (:func:`started`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import os
 import warnings
+import weakref
 from time import perf_counter
-from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Generic, Iterable, Optional, TypeVar, Union
 
-# (Each module by its own name, not through the package: conveyor/__init__ imports this one.)
-import conveyor.arguments as _args
+# (Each module by its own name, not through its package: conveyor/__init__ imports this one.)
 import conveyor.collate as _collate
+import conveyor.loader._arguments as _args
 import conveyor.sampler as _sampler
 import conveyor.skips as _skips
 import conveyor.state as _state
 import conveyor.stats as _stats
 
-from ._engine.cpu import usable_cores
-from ._engine.executor.core import PoolExecutor
-from ._engine.executor.pin import pinning
-from .dataset_epoch import DatasetEpoch
-from .first_draw import PassBatches
-from .iteration import LoaderIterator
-from .loader_plan import make_plan
-from .persistent import PersistentWorkers, started
-from .plan import Plan
-from .ray_options import RayWorkers
-from .sampler.samplers import _InfiniteConstantSampler
-from .stats.scalars import MetricsWriter, stats_callback
+from .._engine.cpu import usable_cores
+from .._engine.executor.core import PoolExecutor
+from .._engine.executor.pin import pinning
+from ..dataset_epoch import DatasetEpoch
+from ..ray_options import RayWorkers
+from ..sampler.arguments import is_int
+from ..sampler.samplers import _InfiniteConstantSampler
+from ._first_draw import PassBatches
+from ._iteration import LoaderIterator
+from ._plan import Plan, make_plan
+from ._state_methods import StateMethods
+from ._stats_methods import StatsMethods
 
 __all__ = ["DataLoader"]
 
@@ -55,7 +68,7 @@ T_co = TypeVar("T_co", covariant=True)
 _FROZEN_AFTER_INIT = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
 
-class DataLoader(Generic[T_co]):
+class DataLoader(StateMethods, StatsMethods, Generic[T_co]):
     """Combines a dataset and a sampler, and iterates over batches.
 
     Takes torch.utils.data.DataLoader's arguments with the same meaning, plus:
@@ -249,7 +262,7 @@ class DataLoader(Generic[T_co]):
         With ``seed=``, the epoch picks the shuffle and the batch seeds, so
         calling ``set_epoch(e)`` before ``iter()`` reproduces epoch ``e``.
         """
-        if not _args.is_int(epoch) or epoch < 0:
+        if not is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         dropped = self._tracker.set_epoch(epoch, type(self).__name__)
         # The index sampler (a BatchSampler passes it on to its sampler).
@@ -261,107 +274,9 @@ class DataLoader(Generic[T_co]):
                 target.set_epoch(epoch)
         self._dataset_epoch.give(self.dataset, epoch)
 
-    def stats(self, since: Optional[_stats.LoaderStats] = None) -> _stats.LoaderStats:
-        """Where this loader's time went, over every pass so far (see
-        :class:`conveyor.stats.LoaderStats`); with ``since`` (an earlier
-        result of this method), ``interval`` holds the stats since then.
-
-        Example::
-
-            >>> from conveyor import DataLoader
-            >>> loader = DataLoader(list(range(100)), batch_size=10)
-            >>> for batch in loader:
-            ...     pass
-            >>> stats = loader.stats()
-            >>> stats.batches, stats.samples, sorted(stats.stages)[:3]
-            (10, 100, ['collate', 'compute', 'fetch'])
-
-        ``stats.summary()`` prints a table and a verdict (input- or
-        compute-bound, the slowest stage, what to change).
-        """
-        return self._recorder().snapshot(since)
-
-    def on_stats(
-        self, callback: Union[Callable[[_stats.LoaderStats], Any], MetricsWriter], every_s: float = 10.0
-    ) -> Callable[[], None]:
-        """Call ``callback(loader.stats())`` every ``every_s`` seconds while
-        iterating, and at the end of each pass, from the loop's thread (its
-        ``interval``: since the previous call). For loggers: a JSON lines
-        file (:class:`conveyor.stats.JsonLinesWriter`), or a writer with
-        ``add_scalar`` such as TensorBoard's ``SummaryWriter``, given as it
-        is (:class:`conveyor.stats.ScalarWriter` says what it writes).
-        Returns a function that removes the callback."""
-        recorder = self._recorder()
-        listener = _stats.live.Periodic(stats_callback(callback), every_s, recorder.snapshot)
-        recorder.add_listener(listener)
-        return lambda: recorder.remove_listener(listener)
-
-    @contextlib.contextmanager
-    def trace(self, path: Union[str, os.PathLike[str]]) -> Iterator[_stats.ChromeTrace]:
-        """Record every batch's spans (each worker's fetch, collate and
-        encode; decode, queue and pin; the loop's waits) while the block
-        runs, then write them to ``path`` as Chrome-trace JSON, viewable in
-        Perfetto (ui.perfetto.dev) or chrome://tracing."""
-        recorder = self._recorder()
-        tracer = recorder.tracer = _stats.ChromeTrace()
-        try:
-            yield tracer
-        finally:
-            recorder.tracer = None
-            tracer.write(path)
-
-    def _recorder(self) -> _stats.StatsRecorder:
-        if self._stats is None:
-            raise RuntimeError(
-                f"this {type(self).__name__} was built with collect_stats=False; build it with "
-                f"collect_stats=True (the default) for stats, callbacks and traces"
-            )
-        return self._stats
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands, as a small versioned dict of plain values.
-
-        It describes the most recent iterator: the next batch it would yield
-        (between batches, mid-epoch), or, once it has finished or before any,
-        the start of the next epoch. It holds the epoch, the epoch's base seed,
-        which batches were delivered, the sampler's state and the generator's,
-        and a checksum; ``json.dumps``, pickle and ``torch.save`` take it (JSON
-        when the sampler's and the dataset's own states are plain).
-
-        Example::
-
-            >>> from conveyor import DataLoader
-            >>> loader = DataLoader(list(range(10)), batch_size=2, shuffle=True, seed=0)
-            >>> it = iter(loader); first = next(it)
-            >>> state = loader.state_dict()
-            >>> resumed = DataLoader(list(range(10)), batch_size=2, shuffle=True, seed=0)
-            >>> resumed.load_state_dict(state)
-            >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
-            True
-        """
-        return self._tracker.save(self._state_view())
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Continue from ``state_dict`` (from :meth:`state_dict`) at the next ``iter(self)``.
-
-        Build this loader with the same dataset and arguments as the one that
-        saved it; ``num_workers`` may differ for map-style datasets. The next
-        iteration then yields exactly the batches the saved run would have
-        yielded next, without loading the ones before. An iterator already
-        running goes on with its own batches; the state waits for the next
-        ``iter()``, as in torchdata. Raises ValueError, showing both sides,
-        when the state does not fit this loader or was changed after saving;
-        then nothing has changed. ``{}`` loads nothing, as in torchdata.
-        """
-        self._tracker.load(self._state_view(), state_dict)
-
-    def _state_view(self) -> _state.LoaderView:
-        """What the resumable state needs to know of this loader."""
-        return _state.LoaderView.of(self._plan())
-
     def _plan(self) -> Plan:
         """This loader's arguments as the parts each layer takes, made anew for
-        each pass, state or executor (loader_plan.py says why)."""
+        each pass, state or executor (_plan.py says why)."""
         return make_plan(self)
 
     def _executor_for(self, plan: Plan, base_seed: int) -> tuple[Any, bool]:
@@ -398,3 +313,44 @@ class DataLoader(Generic[T_co]):
             f"{type(self).__name__}(dataset={type(self.dataset).__name__}, batch_size={self.batch_size}, "
             f"num_workers={self.num_workers})"
         )
+
+
+def started(executor: PoolExecutor) -> PoolExecutor:
+    """``executor``, its workers started (a pass's own, or the loader's kept ones)."""
+    executor.start()
+    return executor
+
+
+class PersistentWorkers:
+    """One loader's kept executor, and the pass that drives it now."""
+
+    def __init__(self) -> None:
+        self.executor: Optional[PoolExecutor] = None
+        self._finalizer: Optional[weakref.finalize] = None
+        #: The latest pass over these workers (a later one takes them over).
+        self._latest: Optional[weakref.ref] = None
+
+    def for_pass(self, loader: Any, plan: Plan, base_seed: int) -> PoolExecutor:
+        """The executor for a new pass of ``loader``: taken over from the
+        pass before, started anew if there was none or it broke or was
+        shut down (shut down when ``loader`` is collected)."""
+        latest = self._latest() if self._latest is not None else None
+        if latest is not None:
+            latest.hand_over_workers()
+        if self.executor is None or not self.executor.usable:
+            if self._finalizer is not None:
+                self._finalizer()  # stops the broken pool and forgets it
+            self.executor = started(PoolExecutor(plan.loading, plan.running, base_seed))
+            self._finalizer = weakref.finalize(loader, self.executor.shutdown)
+        return self.executor
+
+    def taken_by(self, iterator: Any) -> None:
+        """``iterator``'s pass drives the workers now."""
+        self._latest = weakref.ref(iterator)
+
+    def __reduce__(self) -> tuple:
+        """Refused while workers are kept (the executor names them); else a
+        fresh holder, so that a loader without live workers pickles."""
+        if self.executor is not None:
+            return self.executor.__reduce__()
+        return (PersistentWorkers, ())
