@@ -47,7 +47,7 @@ from ._protocol import (
     is_iterable_dataset,
     is_map_dataset,
 )
-from ._protocol import epoch_of as epoch_of  # (not public: the loader's dataset_epoch.py reads a dataset's epoch)
+from ._protocol import epoch_of as epoch_of  # (not public: the loader's _dataset_epoch.py reads a dataset's epoch)
 from ._sharding import ShardedIterable
 from ._sharding import distributed_world as distributed_world  # (not public: shards/stream.py shards by them too)
 from ._sharding import torch_worker_info as torch_worker_info

@@ -51,10 +51,10 @@ import conveyor.stats as _stats
 from .._engine.cpu import usable_cores
 from .._engine.executor.core import PoolExecutor
 from .._engine.executor.pin import pinning
-from ..dataset_epoch import DatasetEpoch
 from ..ray_options import RayWorkers
 from ..sampler.arguments import is_int
 from ..sampler.samplers import _InfiniteConstantSampler
+from ._dataset_epoch import DatasetEpoch
 from ._first_draw import PassBatches
 from ._iteration import LoaderIterator
 from ._plan import Plan, make_plan
@@ -206,7 +206,7 @@ class DataLoader(StateMethods, StatsMethods, Generic[T_co]):
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
         self._persistent = PersistentWorkers()
-        self._dataset_epoch = DatasetEpoch(iterable)  # (what the workers' copies are told: dataset_epoch.py)
+        self._dataset_epoch = DatasetEpoch(iterable)  # (what the workers' copies are told: _dataset_epoch.py)
         self._IterableDataset_len_called: Optional[int] = None
         #: Epochs, base seeds and resumable state (conveyor.state).
         self._tracker = _state.ResumeTracker()

@@ -249,7 +249,7 @@ def _plan(
 ) -> Iterator[Task]:
     """The pass's tasks from batch ``first_index`` on, each with its seed,
     the time the sampler took to draw it and the dataset's epoch
-    (dataset_epoch.py), leaving out ``skip`` (the executor books each as
+    (loader/_dataset_epoch.py), leaving out ``skip`` (the executor books each as
     it sends it). (A resumed sampler that cannot jump has already drawn and
     dropped the batches before ``first_index``: ``replay``.)"""
     batch_index = first_index

@@ -184,7 +184,7 @@ class IterableFetcher:
         the dataset's ``__iter__``, ``set_epoch`` or ``load_state_dict``
         raises, this copy has no data this epoch (as a generator that raised).
 
-        ``epoch``: the main process's copy's epoch (dataset_epoch.py), given
+        ``epoch``: the main process's copy's epoch (loader/_dataset_epoch.py), given
         to this copy's ``set_epoch`` before ``iter()`` (:meth:`_follow`). A
         state from inside an epoch was saved after its ``set_epoch``, so it is
         loaded after; a copy carried from the epoch before had its state

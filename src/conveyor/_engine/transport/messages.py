@@ -56,7 +56,7 @@ class Task:
     #: while that one loads).
     fill_threads: int = 1
     #: The epoch of the main process's copy of an iterable dataset that has
-    #: ``set_epoch`` when the pass began (dataset_epoch.py): a worker's copy is
+    #: ``set_epoch`` when the pass began (loader/_dataset_epoch.py): a worker's copy is
     #: given it before the pass's ``iter()`` if it had another. None: none.
     dataset_epoch: Optional[int] = None
     #: Seconds the sampler took to draw the indices (the batch's timings);

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .dataset import epoch_of
+from ..dataset import epoch_of
 
 
 class DatasetEpoch:
