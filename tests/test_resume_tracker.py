@@ -24,8 +24,8 @@ from conveyor import rng
 from conveyor.loader import _InfiniteConstantSampler
 from conveyor.sampler import BatchSampler, RandomSampler
 from conveyor.state import ResumeTracker
-from conveyor.state_format import STATE_VERSION, LoaderView, checksum, settings
-from conveyor.state_records import Copies
+from conveyor.state._encoding import STATE_VERSION, LoaderView, checksum, settings
+from conveyor.state._records import Copies
 
 N = 10
 BATCH = 4

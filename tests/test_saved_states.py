@@ -35,8 +35,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import conveyor  # noqa: E402
 from conveyor.sampler.fingerprint import is_fingerprint  # noqa: E402
-from conveyor.state_format import checksum  # noqa: E402
-from conveyor.state_upgrade import is_early_v2, upgrade  # noqa: E402
+from conveyor.state._encoding import checksum  # noqa: E402
+from conveyor.state._upgrade import is_early_v2, upgrade  # noqa: E402
 from resume_helpers import NAMES, make, plain  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")

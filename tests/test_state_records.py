@@ -23,8 +23,8 @@ import pytest
 import conveyor
 from conveyor._engine.executor.progress import IterableProgress
 from conveyor.skips import SkippedSample
-from conveyor.state_format import KEYS, checksum
-from conveyor.state_records import Copies, CopyState, LoaderState, ReplayPoint
+from conveyor.state._encoding import KEYS, checksum
+from conveyor.state._records import Copies, CopyState, LoaderState, ReplayPoint
 
 sys.path.insert(0, os.path.dirname(__file__))
 

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..state_format import mismatch_error
+from ..state._encoding import mismatch_error
 from .arguments import _check_int, _is_int
 from .fingerprint import describe_arguments, is_fingerprint
 

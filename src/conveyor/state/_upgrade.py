@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .state_format import check_checksum, checksum
+from ._encoding import check_checksum, checksum
 
 #: The keys of version 2's first layout that today's ``copies`` replaced.
 EARLY_V2_KEYS = ("iterator_state", "iterator_ended", "iterator_served", "worker_progress")

@@ -30,9 +30,9 @@ import numbers
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .sampler.replay import fingerprint_problem, replay_point_problem
-from .sampler.resumable import _has_position
-from .skips import SkippedSample
+from ..sampler.replay import fingerprint_problem, replay_point_problem
+from ..sampler.resumable import _has_position
+from ..skips import SkippedSample
 
 #: The end of the fix in every refusal.
 _FIX = "pass a dict returned by DataLoader.state_dict() of a loader built the same way"

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from .rng import derive_seed, is_torch_generator, source_for
-from .sampler.fingerprint import describe_arguments, torch_sampler_arguments
+from ..rng import derive_seed, is_torch_generator, source_for
+from ..sampler.fingerprint import describe_arguments, torch_sampler_arguments
 
 #: Version of the loader state layout; a state of another version is refused.
 #: 2: the copies of an iterable dataset (workers, or the one in-process) are

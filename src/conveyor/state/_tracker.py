@@ -42,15 +42,15 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from .epoch_progress import EpochProgress, ResumePoint, Start
-from .rng import derive_seed, draw_seed, source_for
-from .sampler.replay import replay_point
-from .sampler.resumable import _has_position
-from .state_apply import apply_parts, generator_state, positioned, undone_on_failure, warn_fast_forward
-from .state_format import STATE_VERSION, LoaderView, settings
-from .state_records import Copies, LoaderState, ReplayPoint
-from .state_upgrade import upgrade
-from .stateful import Stateful, is_stateful
+from ..rng import derive_seed, draw_seed, source_for
+from ..sampler.replay import replay_point
+from ..sampler.resumable import _has_position
+from ._apply import apply_parts, generator_state, positioned, undone_on_failure, warn_fast_forward
+from ._encoding import STATE_VERSION, LoaderView, settings
+from ._progress import EpochProgress, ResumePoint, Start
+from ._records import Copies, LoaderState, ReplayPoint
+from ._stateful import Stateful, is_stateful
+from ._upgrade import upgrade
 
 __all__ = ["Stateful", "STATE_VERSION", "ResumeTracker", "LoaderView", "EpochProgress", "ResumePoint", "Start"]
 

@@ -9,12 +9,12 @@ import contextlib
 import warnings
 from typing import Any, Iterator, Optional
 
-from ._engine.errors import add_note
-from .sampler.replay import replay_point, restore_replay_point
-from .sampler.resumable import _has_position
-from .state_format import LoaderView, generator_source
-from .state_records import Copies, LoaderState
-from .stateful import is_stateful
+from .._engine.errors import add_note
+from ..sampler.replay import replay_point, restore_replay_point
+from ..sampler.resumable import _has_position
+from ._encoding import LoaderView, generator_source
+from ._records import Copies, LoaderState
+from ._stateful import is_stateful
 
 
 def positioned(sampler_state: Any, position: int) -> Any:

@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from ._engine.loading.copies import Copies, CopyState
-from .skips import SkippedSample
-from .state_checks import (
+from .._engine.loading.copies import Copies, CopyState
+from ..skips import SkippedSample
+from ._checks import (
     check_copies,
     check_dataset_state,
     check_fingerprint,
@@ -41,7 +41,7 @@ from .state_checks import (
     read_position,
     read_skipped,
 )
-from .state_format import (
+from ._encoding import (
     KIND,
     STATE_VERSION,
     LoaderView,

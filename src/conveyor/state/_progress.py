@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .sampler.replay import batch_fingerprint
-from .sampler.resumable import _has_position
-from .skips import SkippedSample
-from .state_records import Copies, LoaderState, ReplayPoint
-from .stateful import is_stateful
+from ..sampler.replay import batch_fingerprint
+from ..sampler.resumable import _has_position
+from ..skips import SkippedSample
+from ._records import Copies, LoaderState, ReplayPoint
+from ._stateful import is_stateful
 
 
 @dataclass
