@@ -24,8 +24,9 @@ from conveyor import rng
 from conveyor.loader import _InfiniteConstantSampler
 from conveyor.sampler import BatchSampler, RandomSampler
 from conveyor.state import ResumeTracker
-from conveyor.state._encoding import STATE_VERSION, LoaderView, checksum, settings
+from conveyor.state._encoding import STATE_VERSION, checksum
 from conveyor.state._records import Copies
+from conveyor.state._view import LoaderView, settings
 
 N = 10
 BATCH = 4

@@ -1,8 +1,8 @@
 """What one pass over the data keeps of where it stands, for the loader's
 state: the progress record an iterator updates as batches are delivered
 (``EpochProgress``), a loaded state waiting for the next ``iter()``
-(``ResumePoint``, holding the decoded ``state_records.LoaderState``), and
-how a new pass starts (``Start``). The ``ResumeTracker`` (state.py) owns them.
+(``ResumePoint``, holding the decoded ``_records.LoaderState``), and
+how a new pass starts (``Start``). The ``ResumeTracker`` (_tracker.py) owns them.
 
 An iterable dataset's copies are followed here as the engine reports them,
 the typed ``Copies`` (``EpochProgress.copies``, updated at every delivered
@@ -16,10 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from .._engine.loading.copies import Copies
 from ..sampler.replay import batch_fingerprint
 from ..sampler.resumable import _has_position
 from ..skips import SkippedSample
-from ._records import Copies, LoaderState, ReplayPoint
+from ._records import LoaderState, ReplayPoint
 from ._stateful import is_stateful
 
 

@@ -12,18 +12,18 @@
                                    loaded (undone if one refuses); a ResumePoint (inside an
                                    epoch) waits for the next begin()
 
-Actors (the state's typed records in state_records.py, the pass's in
-epoch_progress.py, loading into the parts in state_apply.py):
+Actors (the state's typed records in _records.py, the pass's in
+_progress.py, loading into the parts in _apply.py):
   * ``ResumeTracker``: the epoch count, the latest iteration's progress, a
     loaded resume point, and the base seeds (drawn as torch draws them).
   * ``EpochProgress``: what one iteration has delivered, kept by the tracker
     and updated by that iteration's iterator. It outlives the iterator, so a
     loader reports where an abandoned iteration stopped, as torchdata does.
   * ``ResumePoint``: a checked state inside an epoch, waiting for ``iter()``.
-  * ``LoaderState`` (state_records.py): the state, one typed field per key;
+  * ``LoaderState`` (_records.py): the state, one typed field per key;
     ``from_dict`` is the one place a state is decoded and checked
-    (``state_format``: the encoding, and the checks of header and settings,
-    with both sides; ``state_checks``: every other field's type and range).
+    (_encoding.py: the layout, its checksum and upgrades; _checks.py: the
+    header, the settings with both sides, every field's type and range).
 
 Why a resumed epoch is exact without re-reading: batch ``i`` of an epoch holds
 the samples the sampler gives as its ``i``-th batch, and is loaded with
@@ -42,18 +42,16 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
+from .._engine.loading.copies import Copies
 from ..rng import derive_seed, draw_seed, source_for
 from ..sampler.replay import replay_point
 from ..sampler.resumable import _has_position
 from ._apply import apply_parts, generator_state, positioned, undone_on_failure, warn_fast_forward
-from ._encoding import STATE_VERSION, LoaderView, settings
+from ._encoding import upgrade
 from ._progress import EpochProgress, ResumePoint, Start
-from ._records import Copies, LoaderState, ReplayPoint
-from ._stateful import Stateful, is_stateful
-from ._upgrade import upgrade
-
-__all__ = ["Stateful", "STATE_VERSION", "ResumeTracker", "LoaderView", "EpochProgress", "ResumePoint", "Start"]
-
+from ._records import LoaderState, ReplayPoint
+from ._stateful import is_stateful
+from ._view import LoaderView, settings
 
 # ---------------------------------------------------------------------------
 # the tracker
