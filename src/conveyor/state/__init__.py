@@ -20,9 +20,9 @@ machinery, named here for the loader and the tests.
 
 # The names marked F401 are not in __all__: the module conveyor/state.py that
 # this package replaced exposed them, and they keep working from here.
-from ._apply import apply_parts, generator_state, positioned, undone_on_failure, warn_fast_forward  # noqa: F401
+from ._apply import apply_parts, generator_state, undone_on_failure, warn_fast_forward  # noqa: F401
 from ._encoding import STATE_VERSION, upgrade  # noqa: F401
-from ._progress import EpochProgress, ResumePoint, Start
+from ._progress import EpochProgress, ResumePoint, Start, positioned  # noqa: F401
 from ._records import Copies, LoaderState, ReplayPoint  # noqa: F401
 from ._stateful import Stateful, is_stateful  # noqa: F401
 from ._tracker import ResumeTracker

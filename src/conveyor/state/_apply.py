@@ -12,17 +12,9 @@ from typing import Any, Iterator, Optional
 from .._engine.errors import add_note
 from .._engine.loading.copies import Copies
 from ..sampler.replay import replay_point, restore_replay_point
-from ..sampler.resumable import _has_position
 from ._records import LoaderState
 from ._stateful import is_stateful
 from ._view import LoaderView, generator_source
-
-
-def positioned(sampler_state: Any, position: int) -> Any:
-    """``sampler_state`` moved to batch ``position`` of its iteration."""
-    if _has_position(sampler_state) and sampler_state["in_iteration"]:
-        return {**sampler_state, "position": position}
-    return sampler_state
 
 
 def generator_state(view: LoaderView) -> Any:

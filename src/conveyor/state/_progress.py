@@ -4,6 +4,10 @@ state: the progress record an iterator updates as batches are delivered
 (``ResumePoint``, holding the decoded ``_records.LoaderState``), and
 how a new pass starts (``Start``). The ``ResumeTracker`` (_tracker.py) owns them.
 
+A pass's progress and a state saved inside its epoch are one shape, converted
+by one pair: ``EpochProgress.to_state`` (a save) and ``EpochProgress.from_state``
+(the pass a loaded state resumes).
+
 An iterable dataset's copies are followed here as the engine reports them,
 the typed ``Copies`` (``EpochProgress.copies``, updated at every delivered
 batch, and ``Start.copies``, what the executor starts the pass from), the
@@ -66,6 +70,44 @@ class EpochProgress:
         """Batches delivered so far in this epoch."""
         return self.position + len(self.delivered_ahead)
 
+    @classmethod
+    def from_state(cls, state: LoaderState) -> "EpochProgress":
+        """The pass a state saved inside an epoch resumes, standing where the
+        state stood (the inverse of :meth:`to_state`)."""
+        assert state.in_epoch and state.base_seed is not None  # (checked: inside an epoch a state has one)
+        return cls(
+            epoch=state.epoch,
+            base_seed=state.base_seed,
+            sampler_state=state.sampler,
+            generator_state=state.generator_state,
+            replay=state.replay,
+            first_batch=state.first_batch,
+            position=state.position,
+            delivered_ahead=set(state.delivered_ahead),
+            copies=state.copies,
+            skipped=list(state.skipped or ()),
+        )
+
+    def to_state(self, settings: Mapping[str, Any]) -> LoaderState:
+        """This pass as a state saved inside its epoch; ``settings``: the
+        loader's (``_view.settings``). An iterable dataset's own state is in
+        its copies, so ``dataset_state`` is None."""
+        return LoaderState(
+            settings=settings,
+            skipped=tuple(self.skipped) or None,
+            epoch=self.epoch,
+            in_epoch=True,
+            base_seed=self.base_seed,
+            position=self.position,
+            delivered_ahead=tuple(sorted(self.delivered_ahead)),
+            sampler=positioned(self.sampler_state, self.position),
+            generator_state=self.generator_state,
+            dataset_state=None,
+            copies=self.copies,
+            replay=self.replay,
+            first_batch=self.first_batch,
+        )
+
     def __getstate__(self) -> dict:
         # A pickled loader (spawn workers get one) keeps the record, not the live iteration.
         return {**self.__dict__, "draw_first": None}
@@ -109,15 +151,22 @@ class EpochProgress:
                 self.sampler_state = state
 
 
+def positioned(sampler_state: Any, position: int) -> Any:
+    """``sampler_state`` moved to batch ``position`` of its iteration."""
+    if _has_position(sampler_state) and sampler_state["in_iteration"]:
+        return {**sampler_state, "position": position}
+    return sampler_state
+
+
 @dataclass(frozen=True)
 class ResumePoint:
     """Where the next ``iter(loader)`` starts inside an epoch: a checked
-    ``state``.
+    ``state``, whose pass is ``EpochProgress.from_state(state)``.
 
     The plan starts at batch ``position`` and leaves out
     ``delivered_ahead``; a sampler that cannot jump draws and drops
-    ``sampler_skip`` batches first. An iterable dataset's copies continue
-    from ``copies``.
+    ``sampler_skip`` batches first. (The properties are read by the
+    iterator, the first draw and the Accelerate integration.)
     """
 
     state: LoaderState
@@ -133,12 +182,6 @@ class ResumePoint:
         return self.state.epoch
 
     @property
-    def base_seed(self) -> int:
-        seed = self.state.base_seed
-        assert seed is not None  # (checked: inside an epoch a state has one)
-        return seed
-
-    @property
     def position(self) -> int:
         return self.state.position
 
@@ -147,17 +190,8 @@ class ResumePoint:
         return frozenset(self.state.delivered_ahead)
 
     @property
-    def copies(self) -> Optional[Copies]:
-        return self.state.copies
-
-    @property
     def first_batch(self) -> Optional[str]:
         return self.state.first_batch
-
-    @property
-    def skipped(self) -> tuple[SkippedSample, ...]:
-        """Samples skip_bad_samples left out so far this epoch."""
-        return self.state.skipped or ()
 
     @property
     def count(self) -> int:

@@ -30,7 +30,9 @@ class LoaderView:
     batch_size: Any
     drop_last: bool
     num_workers: int
-    persistent_workers: bool
+    #: Whether passes after the first draw no base seed (persistent workers,
+    #: as torch): the plan's ``keeps_base_seed``, defined there.
+    keeps_base_seed: bool
     seed: Any
     generator: Any
     flavor: str
@@ -47,16 +49,11 @@ class LoaderView:
             batch_size=loading.batch_size,
             drop_last=loading.drop_last,
             num_workers=running.num_workers,
-            persistent_workers=running.persistent,
+            keeps_base_seed=plan.keeps_base_seed,
             seed=sampling.seed,
             generator=sampling.generator,
             flavor=sampling.flavor,
         )
-
-    @property
-    def keeps_base_seed(self) -> bool:
-        """Whether iterations after the first draw no base seed (persistent workers, as torch)."""
-        return self.persistent_workers and self.num_workers > 0
 
 
 def settings(view: LoaderView) -> dict[str, Any]:
