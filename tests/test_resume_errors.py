@@ -83,7 +83,7 @@ def test_a_sampler_refusing_its_state_leaves_everything_as_it_was():
     loader = make("shuffle-seed")
     before = loader.state_dict()
     bad = {**saved_state(), "sampler": {"version": 1, "kind": "SomethingElse"}}
-    bad["checksum"] = conveyor.state_format.checksum(bad)
+    bad["checksum"] = conveyor.state._encoding.checksum(bad)
     with pytest.raises(ValueError):
         loader.load_state_dict(bad)
     assert loader.state_dict() == before

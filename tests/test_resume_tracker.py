@@ -24,8 +24,9 @@ from conveyor import rng
 from conveyor.loader import _InfiniteConstantSampler
 from conveyor.sampler import BatchSampler, RandomSampler
 from conveyor.state import ResumeTracker
-from conveyor.state_format import STATE_VERSION, LoaderView, checksum, settings
-from conveyor.state_records import Copies
+from conveyor.state._encoding import STATE_VERSION, checksum
+from conveyor.state._records import Copies
+from conveyor.state._view import LoaderView, settings
 
 N = 10
 BATCH = 4
@@ -42,7 +43,7 @@ def view_of(sampler, *, dataset=None, seed=SEED, generator=None, num_workers=0, 
         batch_size=batch_size,
         drop_last=False,
         num_workers=num_workers,
-        persistent_workers=persistent,
+        keeps_base_seed=persistent and num_workers > 0,
         seed=seed,
         generator=generator,
         flavor="numpy",

@@ -19,7 +19,7 @@ that should write it on ``PYTHONPATH``::
     PYTHONPATH=src python tests/test_saved_states.py --write COMMIT
 
 ``data/saved_states_8361879.json`` holds the same cases as conveyor at
-8361879 wrote them, in version 2's first layout, which ``state_upgrade.py``
+8361879 wrote them, in version 2's first layout, which ``state/_encoding.py``
 brings to today's: they resume to the same batches.
 """
 
@@ -35,15 +35,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import conveyor  # noqa: E402
 from conveyor.sampler.fingerprint import is_fingerprint  # noqa: E402
-from conveyor.state_format import checksum  # noqa: E402
-from conveyor.state_upgrade import is_early_v2, upgrade  # noqa: E402
+from conveyor.state._encoding import checksum, is_early_v2, upgrade  # noqa: E402
 from resume_helpers import NAMES, make, plain  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "saved_states.json")
 #: The same cases written by conveyor at 8361879, in version 2's first layout
-#: (an iterable's copies in ``worker_progress`` and ``iterator_*``: state_upgrade.py).
+#: (an iterable's copies in ``worker_progress`` and ``iterator_*``: state/_encoding.py).
 EARLY_FIXTURE = os.path.join(os.path.dirname(__file__), "data", "saved_states_8361879.json")
 
 

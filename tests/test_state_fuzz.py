@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import conveyor
-from conveyor.state_format import checksum
+from conveyor.state._encoding import checksum
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -23,8 +23,9 @@ import pytest
 import conveyor
 from conveyor._engine.executor.progress import IterableProgress
 from conveyor.skips import SkippedSample
-from conveyor.state_format import KEYS, checksum
-from conveyor.state_records import Copies, CopyState, LoaderState, ReplayPoint
+from conveyor.state._encoding import KEYS, checksum
+from conveyor.state._progress import EpochProgress
+from conveyor.state._records import Copies, CopyState, LoaderState, ReplayPoint
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -104,6 +105,19 @@ def test_every_state_this_conveyor_saves_round_trips(scenario):
     decoded = LoaderState.from_dict(state, view_of(make()))
     assert decoded.to_dict() == state
     assert LoaderState.from_dict(decoded.to_dict(), view_of(make())) == decoded
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_a_pass_and_a_state_saved_inside_its_epoch_convert_by_one_pair(scenario):
+    """EpochProgress.from_state and to_state are inverses: the pass a state
+    resumes saves, before it moves, the state it was loaded from."""
+    make, take, _ = SCENARIOS[scenario]
+    decoded = LoaderState.from_dict(saved_state(make, take), view_of(make()))
+    if not decoded.in_epoch:
+        pytest.skip("saved between epochs: no pass to resume")
+    progress = EpochProgress.from_state(decoded)
+    assert (progress.epoch, progress.position, progress.count) == (decoded.epoch, decoded.position, decoded.count)
+    assert progress.to_state(decoded.settings) == decoded
 
 
 def test_a_state_holds_exactly_the_keys_of_the_format():

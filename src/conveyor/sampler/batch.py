@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeGuard
 
-from ..stateful import is_stateful
+from ..state._stateful import is_stateful
 from .arguments import _check_bool, _check_int, _check_positive_int
 from .replay import (
     batch_fingerprint,

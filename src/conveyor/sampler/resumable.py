@@ -30,7 +30,6 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..state_format import mismatch_error
 from .arguments import _check_int, _is_int
 from .fingerprint import describe_arguments, is_fingerprint
 
@@ -105,6 +104,28 @@ class _Resume:
         self.epoch, self.position, self.record = epoch, position, record
 
 
+def _describe(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in values.items())
+
+
+def mismatch_error(owner: str, what: str, saved: Mapping[str, Any], mine: Mapping[str, Any], fix: str) -> ValueError:
+    """``owner.load_state_dict: what`` with both sides and the fix: the one
+    "does not fit" error of the project, which samplers (:func:`_state_error`)
+    and the loader's state checks (``state/_checks.py``) both raise."""
+    width = max(len("saved state"), len(f"this {owner_noun(owner)}"))
+    return ValueError(
+        f"{owner}.load_state_dict: {what}\n"
+        f"  {'saved state:'.ljust(width + 1)} {_describe(saved)}\n"
+        f"  {f'this {owner_noun(owner)}:'.ljust(width + 1)} {_describe(mine)}\n"
+        f"{fix}"
+    )
+
+
+def owner_noun(owner: str) -> str:
+    """ "loader" for a DataLoader's state, "sampler" for a sampler's."""
+    return "loader" if owner.endswith("DataLoader") else "sampler"
+
+
 _SAMPLER_FIX = (
     "Fix: load the state into a sampler (and a loader) built with the same dataset and arguments as "
     "the run that saved it (and the same conveyor version), or start without load_state_dict."
@@ -112,7 +133,7 @@ _SAMPLER_FIX = (
 
 
 def _state_error(kind: str, what: str, saved: Mapping[str, Any], mine: Mapping[str, Any]) -> ValueError:
-    """The project's one both-sides error (state_format.mismatch_error), for a sampler."""
+    """The project's one both-sides error (:func:`mismatch_error`), for a sampler."""
     return mismatch_error(kind, what, saved, mine, _SAMPLER_FIX)
 
 

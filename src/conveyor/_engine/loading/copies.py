@@ -3,19 +3,21 @@
     worker: IterableFetcher.state() ──CopyState──▶ Batch.worker_state / Exhausted (across the pipe)
     main:   IterableProgress (executor/progress.py) ──snapshot()──▶ Copies ──▶ Delivered.copies
             ──▶ EpochProgress.copies ──▶ LoaderState.copies ──to_dict()──▶ DataLoader.state_dict()["copies"]
-    load:   state["copies"] ──checked (state_checks)──▶ Copies.of ──▶ Start.copies ──▶ the executor
+    load:   state["copies"] ──checked (state/_checks.py)──▶ Copies.of ──▶ Start.copies ──▶ the executor
             ──▶ Task.restore (a CopyState) ──▶ IterableFetcher.begin_epoch
 
 Each worker holds its own copy of an iterable dataset (``num_workers=0``:
 the one copy in the loop's process). These records are plain values, no
 checks: a saved state is checked once, where it is decoded
-(``state_records.LoaderState.from_dict``), and only then made into them.
+(``state/_records.py``'s ``LoaderState.from_dict``, by ``state/_checks.py``,
+which reads the keys from here: ``COPIES_KEYS``, ``COPY_KEYS``), and only
+then made into them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 
@@ -34,17 +36,13 @@ class CopyState:
         return (CopyState, (self.dataset_state, self.iterator_state, self.iterator_ended, self.served))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "dataset_state": self.dataset_state,
-            "iterator_state": self.iterator_state,
-            "iterator_ended": self.iterator_ended,
-            "served": self.served,
-        }
+        """The saved copy (one of ``copies["states"]``): its fields by name (``COPY_KEYS``)."""
+        return {key: getattr(self, key) for key in COPY_KEYS}
 
     @classmethod
     def of(cls, copy: Mapping[str, Any]) -> "CopyState":
         """A checked state's dict as a record."""
-        return cls(copy["dataset_state"], copy["iterator_state"], copy["iterator_ended"], copy["served"])
+        return cls(**{key: copy[key] for key in COPY_KEYS})
 
     @property
     def carried_over(self) -> bool:
@@ -76,17 +74,17 @@ class Copies:
     next_turn: int
 
     def to_dict(self) -> dict[str, Any]:
-        """The state's plain dict (``copies`` in DataLoader.state_dict)."""
+        """The state's plain dict (``copies`` in DataLoader.state_dict; its keys: ``COPIES_KEYS``)."""
         states = [None if copy is None else copy.to_dict() for copy in self.states]
-        return {"states": states, "retired": list(self.retired), "next": self.next_turn}
+        return dict(zip(COPIES_KEYS, (states, list(self.retired), self.next_turn)))
 
     @classmethod
     def of(cls, saved: Optional[Mapping[str, Any]]) -> Optional["Copies"]:
         """A checked state's ``copies`` as a record; None for None."""
         if saved is None:
             return None
-        states = tuple(None if copy is None else CopyState.of(copy) for copy in saved["states"])
-        return cls(states, tuple(saved["retired"]), saved["next"])
+        states, retired, next_turn = (saved[key] for key in COPIES_KEYS)
+        return cls(tuple(None if copy is None else CopyState.of(copy) for copy in states), tuple(retired), next_turn)
 
     def next_epoch(self) -> "Copies":
         """As the start of the next epoch: each copy's dataset state, a new
@@ -100,4 +98,10 @@ class Copies:
         return sum(copy.reads_again for copy in self.states if copy is not None)
 
 
-__all__ = ["CopyState", "Copies"]
+#: The keys of a saved copy (``CopyState.to_dict``): its fields' names.
+COPY_KEYS = tuple(field.name for field in fields(CopyState))
+#: The keys of a saved ``copies`` (``Copies.to_dict``): the copies' states,
+#: the workers retired, whose turn is next (the field ``next_turn``).
+COPIES_KEYS = ("states", "retired", "next")
+
+__all__ = ["CopyState", "Copies", "COPY_KEYS", "COPIES_KEYS"]

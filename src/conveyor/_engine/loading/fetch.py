@@ -23,7 +23,7 @@ from ...collate.allocation import Allocator as Allocate
 from ...collate.errors import naming_samples
 from ...collate.rules import collate_into
 from ...rng import derive_seed, seed_global_generators, thread_sample_random
-from ...stateful import is_stateful
+from ...state._stateful import is_stateful
 from ..errors import add_note
 from .copies import CopyState
 from .reads import Skips, choose_reads

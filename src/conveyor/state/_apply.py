@@ -1,6 +1,6 @@
-"""Loading a checked state (a ``state_records.LoaderState``) into a
+"""Loading a checked state (a ``_records.LoaderState``) into a
 loader's parts (its sampler, its generator, its dataset), undone if one of
-them refuses, and the small helpers the tracker (state.py) shares with it.
+them refuses, and the small helpers the tracker (_tracker.py) shares with it.
 """
 
 from __future__ import annotations
@@ -9,19 +9,12 @@ import contextlib
 import warnings
 from typing import Any, Iterator, Optional
 
-from ._engine.errors import add_note
-from .sampler.replay import replay_point, restore_replay_point
-from .sampler.resumable import _has_position
-from .state_format import LoaderView, generator_source
-from .state_records import Copies, LoaderState
-from .stateful import is_stateful
-
-
-def positioned(sampler_state: Any, position: int) -> Any:
-    """``sampler_state`` moved to batch ``position`` of its iteration."""
-    if _has_position(sampler_state) and sampler_state["in_iteration"]:
-        return {**sampler_state, "position": position}
-    return sampler_state
+from .._engine.errors import add_note
+from .._engine.loading.copies import Copies
+from ..sampler.replay import replay_point, restore_replay_point
+from ._records import LoaderState
+from ._stateful import is_stateful
+from ._view import LoaderView, generator_source
 
 
 def generator_state(view: LoaderView) -> Any:

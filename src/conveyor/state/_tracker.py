@@ -6,24 +6,26 @@
                                    (published in one step, its draw wired first: safe from a signal handler)
     iterator, each batch       ──▶ progress.delivered(index, copies)  (one call)
     DataLoader.state_dict()    ──▶ tracker.save(view)  ──▶ LoaderState(...).to_dict()
+                                   (inside an epoch: progress.to_state(settings))
                                    = {version, kind, settings, ..., checksum}
     DataLoader.load_state_dict ──▶ tracker.load(view, state): LoaderState.from_dict checks
                                    everything, then the sampler/generator/dataset parts are
                                    loaded (undone if one refuses); a ResumePoint (inside an
-                                   epoch) waits for the next begin()
+                                   epoch) waits for the next begin(), whose progress is
+                                   EpochProgress.from_state(its state)
 
-Actors (the state's typed records in state_records.py, the pass's in
-epoch_progress.py, loading into the parts in state_apply.py):
+Actors (the state's typed records in _records.py, the pass's in
+_progress.py, loading into the parts in _apply.py):
   * ``ResumeTracker``: the epoch count, the latest iteration's progress, a
     loaded resume point, and the base seeds (drawn as torch draws them).
   * ``EpochProgress``: what one iteration has delivered, kept by the tracker
     and updated by that iteration's iterator. It outlives the iterator, so a
     loader reports where an abandoned iteration stopped, as torchdata does.
   * ``ResumePoint``: a checked state inside an epoch, waiting for ``iter()``.
-  * ``LoaderState`` (state_records.py): the state, one typed field per key;
+  * ``LoaderState`` (_records.py): the state, one typed field per key;
     ``from_dict`` is the one place a state is decoded and checked
-    (``state_format``: the encoding, and the checks of header and settings,
-    with both sides; ``state_checks``: every other field's type and range).
+    (_encoding.py: the layout, its checksum and upgrades; _checks.py: the
+    header, the settings with both sides, every field's type and range).
 
 Why a resumed epoch is exact without re-reading: batch ``i`` of an epoch holds
 the samples the sampler gives as its ``i``-th batch, and is loaded with
@@ -42,18 +44,16 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from .epoch_progress import EpochProgress, ResumePoint, Start
-from .rng import derive_seed, draw_seed, source_for
-from .sampler.replay import replay_point
-from .sampler.resumable import _has_position
-from .state_apply import apply_parts, generator_state, positioned, undone_on_failure, warn_fast_forward
-from .state_format import STATE_VERSION, LoaderView, settings
-from .state_records import Copies, LoaderState, ReplayPoint
-from .state_upgrade import upgrade
-from .stateful import Stateful, is_stateful
-
-__all__ = ["Stateful", "STATE_VERSION", "ResumeTracker", "LoaderView", "EpochProgress", "ResumePoint", "Start"]
-
+from .._engine.loading.copies import Copies
+from ..rng import derive_seed, draw_seed, source_for
+from ..sampler.replay import replay_point
+from ..sampler.resumable import _has_position
+from ._apply import apply_parts, generator_state, undone_on_failure, warn_fast_forward
+from ._encoding import upgrade
+from ._progress import EpochProgress, ResumePoint, Start
+from ._records import LoaderState, ReplayPoint
+from ._stateful import is_stateful
+from ._view import LoaderView, settings
 
 # ---------------------------------------------------------------------------
 # the tracker
@@ -116,13 +116,8 @@ class ResumeTracker:
             carried = self._next_copies
             copies = None if carried is None else carried.next_epoch()
         else:
-            epoch, base_seed, loaded = resume.epoch, resume.base_seed, resume.state
-            progress = EpochProgress(
-                epoch, base_seed, loaded.sampler, loaded.generator_state, loaded.replay, loaded.first_batch
-            )
-            progress.position, progress.delivered_ahead = resume.position, set(resume.delivered_ahead)
-            progress.skipped = list(resume.skipped)
-            copies = resume.copies
+            progress = EpochProgress.from_state(resume.state)
+            epoch, base_seed, copies = progress.epoch, progress.base_seed, progress.copies
         return Start(epoch, base_seed, progress, resume, copies)
 
     def _take_base_seed(self, view: LoaderView, epoch: int) -> int:
@@ -202,7 +197,7 @@ class ResumeTracker:
         inside = progress if progress is not None and not progress.finished else None
         self._draw_pending(view, inside)
         if inside is not None:
-            return self._inside_epoch(view, inside).to_dict()
+            return inside.to_state(settings(view)).to_dict()
         return self._between_epochs(view).to_dict()
 
     def _draw_pending(self, view: LoaderView, progress: Optional[EpochProgress]) -> None:
@@ -211,30 +206,12 @@ class ResumeTracker:
         generator the state does not hold (the global one), so that the
         state holds the draw and a resumed run makes the same. Inside an
         epoch before its first batch is delivered (``progress``): the
-        sampler's first batch (``first_draw.FirstDrawAhead``). Between
+        sampler's first batch (``loader/_first_draw.py``'s ``FirstDrawAhead``). Between
         epochs: the next epoch's base seed and sampler seed (:meth:`_pin_next_epoch`)."""
         if progress is None:
             self._pin_next_epoch(view)
         elif progress.count == 0 and progress.draw_first is not None:
             progress.draw_first()
-
-    @staticmethod
-    def _inside_epoch(view: LoaderView, progress: EpochProgress) -> LoaderState:
-        return LoaderState(
-            settings=settings(view),
-            skipped=tuple(progress.skipped) or None,
-            epoch=progress.epoch,
-            in_epoch=True,
-            base_seed=progress.base_seed,
-            position=progress.position,
-            delivered_ahead=tuple(sorted(progress.delivered_ahead)),
-            sampler=positioned(progress.sampler_state, progress.position),
-            generator_state=progress.generator_state,
-            dataset_state=None,
-            copies=progress.copies,
-            replay=progress.replay,
-            first_batch=progress.first_batch,
-        )
 
     def _between_epochs(self, view: LoaderView) -> LoaderState:
         dataset = view.dataset

@@ -4,7 +4,7 @@
 
     ResumeTracker.save ──▶ LoaderState(...) ──to_dict()──▶ the dict DataLoader.state_dict() returns
     DataLoader.load_state_dict(dict) ──▶ ResumeTracker.load ──▶ LoaderState.from_dict(dict, view)
-        header and settings (state_format) ──▶ every field (state_checks) ──▶ the typed records
+        the header, the settings, every field (_checks.py) ──▶ the typed records
 
 Records (each with ``to_dict()``, and a ``from_dict()`` that checks what it decodes):
   * ``LoaderState``: every key of the state as a typed field (the header's
@@ -21,6 +21,7 @@ Records (each with ``to_dict()``, and a ``from_dict()`` that checks what it deco
 key for key, for every state conveyor writes. ``Copies`` and ``CopyState``
 are the engine's own records (``_engine/loading/copies.py``), which follow the
 copies from the workers to the saved state; here they are decoded, once checked.
+The layout's keys, version and checksum are in _encoding.py.
 """
 
 from __future__ import annotations
@@ -29,28 +30,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from ._engine.loading.copies import Copies, CopyState
-from .skips import SkippedSample
-from .state_checks import (
+from .._engine.loading.copies import Copies, CopyState
+from ..skips import SkippedSample
+from ._checks import (
+    check_base_seed,
     check_copies,
     check_dataset_state,
     check_fingerprint,
     check_generator,
+    check_header,
     check_replay,
     check_sampler,
+    check_settings,
     read_position,
     read_skipped,
 )
-from .state_format import (
-    KIND,
-    STATE_VERSION,
-    LoaderView,
-    check_base_seed,
-    check_header,
-    check_settings,
-    checksum,
-    generator_source,
-)
+from ._encoding import KIND, STATE_VERSION, checksum
+from ._view import LoaderView, generator_source
 
 __all__ = ["LoaderState", "Copies", "CopyState", "ReplayPoint"]
 
@@ -90,7 +86,7 @@ def _optional_dict(record: Any) -> Any:
 
 @dataclass(frozen=True)
 class LoaderState:
-    """A loader's resumable state, one field per key (see state_format for
+    """A loader's resumable state, one field per key (see _encoding.py for
     the layout and docs/architecture.md for who owns each part).
 
     ``epoch``, ``in_epoch``, ``position``, ``delivered_ahead`` say where the

@@ -5,23 +5,29 @@ conveyor reads is checked for type and range here, against this loader,
 and a state that does not fit is refused with one ValueError that names
 ``DataLoader.load_state_dict`` and the key, before the loader, its sampler,
 its generator or its dataset change (``ResumeTracker.load`` calls these
-first, through ``state_records.LoaderState.from_dict``, the one place a
-state is decoded). What the checks cover:
+first, through ``_records.LoaderState.from_dict``, the one place a state is
+decoded). What the checks cover:
 
-    epoch, position, base_seed,       ints in range; batches delivered ahead after the position
-    delivered_ahead
+    header                            a DataLoader state of this version (the torchdata layout
+                                      named), every key, its checksum (_encoding.check_checksum,
+                                      the seal's check, which the upgrade of an old layout runs too)
+    settings                          the loader's (_view.settings); a mismatch shows
+                                      both sides and the fix (mismatch_error)
+    epoch, position, base_seed,       ints in range; batches delivered ahead after the position;
+    delivered_ahead                   with seed=, the base seed derived from it
     sampler                           a conveyor sampler's position is the loader's (the sampler's
                                       own load_state_dict checks the rest, and refuses before it loads)
     replay, first_batch               a replay point that fits the sampler; a fingerprint
     generator_state                   loads into a scratch generator of the loader's kind
     dataset_state                     only for a dataset with load_state_dict, of its state's type
-    copies                            one per worker (or the one of num_workers=0); each copy's
+    copies                            one per worker (or the one of num_workers=0); the keys
+                                      of _engine/loading/copies.py's records; each copy's
                                       fields typed, no copy ahead of the batches delivered
     skipped                           records as state_dict() writes them
 
 What is inside the dataset's and its iterator's own states is theirs to
 check: their ``load_state_dict`` runs when the copy starts (in its worker),
-and a refusal there names the key it came from (``_engine/fetch.py``).
+and a refusal there names the key it came from (``_engine/loading/fetch.py``).
 """
 
 from __future__ import annotations
@@ -30,12 +36,23 @@ import numbers
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .sampler.replay import fingerprint_problem, replay_point_problem
-from .sampler.resumable import _has_position
-from .skips import SkippedSample
+from .._engine.loading.copies import COPIES_KEYS, COPY_KEYS
+from ..rng import derive_seed
+from ..sampler.fingerprint import describe_arguments
+from ..sampler.replay import fingerprint_problem, replay_point_problem
+from ..sampler.resumable import _has_position, mismatch_error
+from ..skips import SkippedSample
+from ._encoding import KEYS, KIND, STATE_VERSION, check_checksum
+from ._view import LoaderView, settings
 
 #: The end of the fix in every refusal.
 _FIX = "pass a dict returned by DataLoader.state_dict() of a loader built the same way"
+LOADER_FIX = (
+    "Fix: build the DataLoader (and its sampler) with the same dataset and arguments as the run that saved the state "
+    "(num_workers may differ for map-style datasets), or start without load_state_dict."
+)
+#: Keys of torchdata's StatefulDataLoader states, to name them in the error.
+_TORCHDATA_KEYS = ("_snapshot", "_num_yielded", "_sampler_iter_yielded", "_index_sampler_state")
 
 
 class StateError(ValueError):
@@ -53,6 +70,73 @@ def _is_int(value: Any, low: int = 0, high: Optional[int] = None) -> bool:
         and int(value) >= low
         and (high is None or int(value) < high)
     )
+
+
+def check_header(state: Any) -> None:
+    """A DataLoader state of this version, whole and unchanged."""
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"DataLoader.load_state_dict expects the dict returned by DataLoader.state_dict(), "
+            f"got {type(state).__name__}"
+        )
+    if state.get("kind") != KIND and any(key in state for key in _TORCHDATA_KEYS):
+        raise ValueError(
+            "DataLoader.load_state_dict: this state was saved by torchdata's StatefulDataLoader, whose "
+            "layout conveyor does not read. Resume that run with torchdata, or start the conveyor run "
+            "from the start of an epoch (set_epoch) and save conveyor states from then on."
+        )
+    header = {"version": STATE_VERSION, "kind": KIND}
+    saved = {key: state.get(key, "<missing>") for key in header}
+    if saved != header:
+        raise mismatch_error(
+            "DataLoader",
+            "the state is not a DataLoader state of this version.",
+            saved,
+            header,
+            "Fix: pass the dict returned by DataLoader.state_dict() of this conveyor version (or of a "
+            "version that reads it), or start without load_state_dict.",
+        )
+    missing = [key for key in (*KEYS, "checksum") if key not in state]
+    if missing:
+        raise ValueError(
+            f"DataLoader.load_state_dict: the state lacks {missing} (truncated or edited?); pass the "
+            f"whole dict returned by DataLoader.state_dict()"
+        )
+    check_checksum(state)
+
+
+def check_settings(view: LoaderView, saved: Any) -> None:
+    """The state's ``settings`` are this loader's (``_view.settings``), or an
+    error showing both sides of each that differs, and the fix."""
+    mine = settings(view)
+    if not isinstance(saved, Mapping):
+        raise ValueError(f"DataLoader.load_state_dict: the state's settings are not a dict: {saved!r}")
+    # A state saved before a torch sampler's arguments were recorded lacks them: accepted (nothing to check them by).
+    differing = [key for key in mine if saved.get(key, "<missing>") != mine[key] and (key in saved or "." not in key)]
+    if differing:
+        arguments = [key for key in differing if "." in key]
+        others = "with other settings" if len(arguments) < len(differing) else ""
+        whose = f"whose sampler has other arguments: {describe_arguments(arguments)}" if arguments else ""
+        raise mismatch_error(
+            "DataLoader",
+            f"the state was saved by a loader {' and '.join(part for part in (others, whose) if part)}.",
+            {key: saved.get(key, "<missing>") for key in differing},
+            {key: mine[key] for key in differing},
+            LOADER_FIX,
+        )
+
+
+def check_base_seed(view: LoaderView, epoch: int, in_epoch: bool, base_seed: Any) -> None:
+    """Inside an epoch, a loader with ``seed=`` derives the base seed from
+    it: the state's must be that one."""
+    if in_epoch and view.seed is not None and base_seed != derive_seed(view.seed, epoch):
+        raise mismatch_error(
+            "DataLoader",
+            "the base seed does not follow from seed= and the epoch.",
+            {"base_seed": base_seed},
+            {"seed": view.seed},
+            LOADER_FIX,
+        )
 
 
 def read_position(state: Mapping[str, Any]) -> tuple[int, bool, Any, int, tuple[int, ...]]:
@@ -159,9 +243,10 @@ def check_copies(view: Any, saved: Any, delivered: Optional[int]) -> None:
     if saved is None:
         return
     count = max(1, view.num_workers)
-    if not isinstance(saved, Mapping) or set(saved) != {"states", "retired", "next"}:
-        raise StateError("copies", f"is {saved!r}, where a dict of 'states', 'retired' and 'next' belongs")
-    states, retired, turn = saved["states"], saved["retired"], saved["next"]
+    if not isinstance(saved, Mapping) or set(saved) != set(COPIES_KEYS):
+        *first, last = (repr(key) for key in COPIES_KEYS)
+        raise StateError("copies", f"is {saved!r}, where a dict of {', '.join(first)} and {last} belongs")
+    states, retired, turn = (saved[key] for key in COPIES_KEYS)
     if not isinstance(states, list) or len(states) != count:
         raise StateError(
             "copies", f"holds {_count(states)} states, where this loader has {count} (num_workers={view.num_workers})"
@@ -186,15 +271,12 @@ def _count(value: Any) -> str:
     return str(len(value)) if isinstance(value, list) else repr(value)
 
 
-_COPY_KEYS = {"dataset_state", "iterator_state", "iterator_ended", "served"}
-
-
 def _check_copy(view: Any, copy: Any, key: str) -> int:
     """One copy's fields; the batches it served."""
     if copy is None:
         return 0
-    if not isinstance(copy, Mapping) or set(copy) != _COPY_KEYS:
-        raise StateError(key, f"is {copy!r}, where a dict of {sorted(_COPY_KEYS)} (or None) belongs")
+    if not isinstance(copy, Mapping) or set(copy) != set(COPY_KEYS):
+        raise StateError(key, f"is {copy!r}, where a dict of {sorted(COPY_KEYS)} (or None) belongs")
     if not isinstance(copy["iterator_ended"], bool):
         raise StateError(f"{key}.iterator_ended", f"is {copy['iterator_ended']!r}, where True or False belongs")
     if not _is_int(copy["served"]):

@@ -1,8 +1,12 @@
 """What one pass over the data keeps of where it stands, for the loader's
 state: the progress record an iterator updates as batches are delivered
 (``EpochProgress``), a loaded state waiting for the next ``iter()``
-(``ResumePoint``, holding the decoded ``state_records.LoaderState``), and
-how a new pass starts (``Start``). The ``ResumeTracker`` (state.py) owns them.
+(``ResumePoint``, holding the decoded ``_records.LoaderState``), and
+how a new pass starts (``Start``). The ``ResumeTracker`` (_tracker.py) owns them.
+
+A pass's progress and a state saved inside its epoch are one shape, converted
+by one pair: ``EpochProgress.to_state`` (a save) and ``EpochProgress.from_state``
+(the pass a loaded state resumes).
 
 An iterable dataset's copies are followed here as the engine reports them,
 the typed ``Copies`` (``EpochProgress.copies``, updated at every delivered
@@ -16,11 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .sampler.replay import batch_fingerprint
-from .sampler.resumable import _has_position
-from .skips import SkippedSample
-from .state_records import Copies, LoaderState, ReplayPoint
-from .stateful import is_stateful
+from .._engine.loading.copies import Copies
+from ..sampler.replay import batch_fingerprint
+from ..sampler.resumable import _has_position
+from ..skips import SkippedSample
+from ._records import LoaderState, ReplayPoint
+from ._stateful import is_stateful
 
 
 @dataclass
@@ -46,7 +51,7 @@ class EpochProgress:
     #: Fingerprint of the epoch's first batch of indices, to check a replay by.
     first_batch: Optional[str] = None
     #: Draws the iteration's first batch of indices now, if it was not yet
-    #: (set before the pass is published; see first_draw.FirstDrawAhead).
+    #: (set before the pass is published; see loader/_first_draw.py).
     draw_first: Optional[Callable[[], None]] = None
     position: int = 0
     delivered_ahead: set[int] = field(default_factory=set)
@@ -64,6 +69,44 @@ class EpochProgress:
     def count(self) -> int:
         """Batches delivered so far in this epoch."""
         return self.position + len(self.delivered_ahead)
+
+    @classmethod
+    def from_state(cls, state: LoaderState) -> "EpochProgress":
+        """The pass a state saved inside an epoch resumes, standing where the
+        state stood (the inverse of :meth:`to_state`)."""
+        assert state.in_epoch and state.base_seed is not None  # (checked: inside an epoch a state has one)
+        return cls(
+            epoch=state.epoch,
+            base_seed=state.base_seed,
+            sampler_state=state.sampler,
+            generator_state=state.generator_state,
+            replay=state.replay,
+            first_batch=state.first_batch,
+            position=state.position,
+            delivered_ahead=set(state.delivered_ahead),
+            copies=state.copies,
+            skipped=list(state.skipped or ()),
+        )
+
+    def to_state(self, settings: Mapping[str, Any]) -> LoaderState:
+        """This pass as a state saved inside its epoch; ``settings``: the
+        loader's (``_view.settings``). An iterable dataset's own state is in
+        its copies, so ``dataset_state`` is None."""
+        return LoaderState(
+            settings=settings,
+            skipped=tuple(self.skipped) or None,
+            epoch=self.epoch,
+            in_epoch=True,
+            base_seed=self.base_seed,
+            position=self.position,
+            delivered_ahead=tuple(sorted(self.delivered_ahead)),
+            sampler=positioned(self.sampler_state, self.position),
+            generator_state=self.generator_state,
+            dataset_state=None,
+            copies=self.copies,
+            replay=self.replay,
+            first_batch=self.first_batch,
+        )
 
     def __getstate__(self) -> dict:
         # A pickled loader (spawn workers get one) keeps the record, not the live iteration.
@@ -108,15 +151,22 @@ class EpochProgress:
                 self.sampler_state = state
 
 
+def positioned(sampler_state: Any, position: int) -> Any:
+    """``sampler_state`` moved to batch ``position`` of its iteration."""
+    if _has_position(sampler_state) and sampler_state["in_iteration"]:
+        return {**sampler_state, "position": position}
+    return sampler_state
+
+
 @dataclass(frozen=True)
 class ResumePoint:
     """Where the next ``iter(loader)`` starts inside an epoch: a checked
-    ``state``.
+    ``state``, whose pass is ``EpochProgress.from_state(state)``.
 
     The plan starts at batch ``position`` and leaves out
     ``delivered_ahead``; a sampler that cannot jump draws and drops
-    ``sampler_skip`` batches first. An iterable dataset's copies continue
-    from ``copies``.
+    ``sampler_skip`` batches first. (The properties are read by the
+    iterator, the first draw and the Accelerate integration.)
     """
 
     state: LoaderState
@@ -132,12 +182,6 @@ class ResumePoint:
         return self.state.epoch
 
     @property
-    def base_seed(self) -> int:
-        seed = self.state.base_seed
-        assert seed is not None  # (checked: inside an epoch a state has one)
-        return seed
-
-    @property
     def position(self) -> int:
         return self.state.position
 
@@ -146,17 +190,8 @@ class ResumePoint:
         return frozenset(self.state.delivered_ahead)
 
     @property
-    def copies(self) -> Optional[Copies]:
-        return self.state.copies
-
-    @property
     def first_batch(self) -> Optional[str]:
         return self.state.first_batch
-
-    @property
-    def skipped(self) -> tuple[SkippedSample, ...]:
-        """Samples skip_bad_samples left out so far this epoch."""
-        return self.state.skipped or ()
 
     @property
     def count(self) -> int:
