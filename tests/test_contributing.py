@@ -34,10 +34,6 @@ ROOTS = ("src/", "tests/", "docs/", "bench/", "examples/")
 #: Files at the top of the repository that the pages may name.
 TOP_FILES = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "Makefile", "pyproject.toml")
 
-#: Packages of CONTRIBUTING.md's layout that are being formed from today's
-#: loose modules. Each is accepted before it exists. Remove an entry once
-#: its package is in the tree.
-FORMING = {"loader/", "state/", "dataset/"}
 
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _INLINE = re.compile(r"`([^`\n]+)`")
@@ -146,7 +142,7 @@ def test_contributing_names_modules_by_their_path_from_the_root():
 def test_every_package_of_the_layout_exists_or_is_being_formed():
     packages = layout_packages(CONTRIBUTING.read_text())
     assert "_engine/workers/" in packages and "sampler/" in packages, packages
-    missing = [p for p in packages if not (ROOT / "src" / "conveyor" / p).is_dir() and p not in FORMING]
+    missing = [p for p in packages if not (ROOT / "src" / "conveyor" / p).is_dir()]
     assert not missing, f"CONTRIBUTING.md's layout names packages that are not in src/conveyor: {missing}"
 
 
