@@ -68,8 +68,7 @@ class Pass:
     def __init__(self, tracker: ResumeTracker, view: LoaderView):
         self.start = tracker.begin(view)
         self.view = view
-        resume = self.start.resume
-        self.next_index = resume.position if resume is not None else 0
+        self.next_index = self.start.progress.position  # (a resumed pass's stands where its state stood)
         self._first = self.next_index == 0
         self._indices = iter(view.index_sampler)
         self._drawn = 0
@@ -221,7 +220,7 @@ def test_a_loaded_state_waits_for_the_next_begin_and_resumes_there():
     resumed = Pass(tracker, view)
     start = resumed.start
     assert (start.epoch, start.base_seed) == (0, reference.start.base_seed)
-    assert start.resume is not None and start.resume.position == 2 and start.progress.position == 2
+    assert start.resume is not None and start.resume.state.position == 2 and start.progress.position == 2
     assert resumed.finish() == reference_batches[2:]
     after = tracker.begin(view)
     assert (after.epoch, after.base_seed) == (next_epoch.epoch, next_epoch.base_seed)
@@ -302,7 +301,7 @@ def test_set_epoch_keeps_a_loaded_resume_point_of_its_epoch_and_drops_another_wi
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tracker.set_epoch(0, "DataLoader") is False
-    assert tracker.begin(view).resume.position == 2
+    assert tracker.begin(view).resume.state.position == 2
 
     tracker, view = ResumeTracker(), shuffled()
     tracker.load(view, state)
@@ -366,4 +365,4 @@ def test_an_iterable_datasets_copies_go_in_the_state_and_come_back_at_the_next_b
     loaded_view = iterable_view(Counter())
     loaded.load(loaded_view, json.loads(json.dumps(state)))
     start = loaded.begin(loaded_view)
-    assert start.copies == Copies.of(copies) and start.resume.position == 1
+    assert start.copies == Copies.of(copies) and start.resume.state.position == 1

@@ -241,14 +241,15 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     accelerate's ``skip_first_batches``."""
     if not isinstance(dataloader, _ctorch.DataLoader):
         return _accelerate.skip_first_batches(dataloader, num_batches=num_batches)
-    resume = dataloader._tracker._resume
-    if num_batches == 0 or (resume is not None and resume.count == num_batches):
+    resume = dataloader.resumes_at()
+    if num_batches == 0 or (resume is not None and resume[1] == num_batches):
         return dataloader
     if resume is not None:
+        epoch, count = resume
         raise ValueError(
-            f"skip_first_batches({num_batches}): this conveyor loader has loaded a state {resume.count} batches into "
-            f"epoch {resume.epoch}, so it resumes after batch {resume.count}, not {num_batches}; load the state saved "
-            f"with the checkpoint you resume from, or skip {resume.count}"
+            f"skip_first_batches({num_batches}): this conveyor loader has loaded a state {count} batches into "
+            f"epoch {epoch}, so it resumes after batch {count}, not {num_batches}; load the state saved "
+            f"with the checkpoint you resume from, or skip {count}"
         )
     warnings.warn(
         f"skip_first_batches({num_batches}): no saved state was loaded into this conveyor loader, so it loads and "

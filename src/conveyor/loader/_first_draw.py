@@ -100,7 +100,7 @@ class PassBatches:
         progress, resume = start.progress, start.resume
         batches: Iterator = iter(self._sampler)
         if resume is not None and resume.sampler_skip:  # (resume mechanism 2: docs/architecture.md)
-            batches = replay(batches, resume.sampler_skip, resume.first_batch, self._text)
-        first = resume is None or resume.position == 0
+            batches = replay(batches, resume.sampler_skip, progress.first_batch, self._text)
+        first = progress.position == 0  # (a resumed pass's progress stands where its state stood)
         self.batches = FirstDrawAhead(batches, partial(progress.note_first_draw, self._sampler, first=first))
         progress.draw_first = self.batches.draw_first

@@ -61,12 +61,12 @@ class LoaderIterator:
     ):
         self._loader = loader  # (for len(iterator) only)
         self._plan = plan
-        progress, resume = start.progress, start.resume
+        progress = start.progress  # (a resumed pass's stands where its state stood: EpochProgress.from_state)
         self.epoch = start.epoch
         self.base_seed = start.base_seed
         self._progress = progress
-        self._num_yielded = resume.count if resume is not None else 0
-        first, skip = (resume.position, resume.delivered_ahead) if resume is not None else (0, frozenset())
+        self._num_yielded = progress.count
+        first, skip = progress.position, frozenset(progress.delivered_ahead)
         epoch_id = next(_pass_ids)
         tasks = _plan(batches, epoch_id, start.base_seed, first, skip, plan.loading.kind, dataset_epoch)
         try:

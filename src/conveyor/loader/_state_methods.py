@@ -8,7 +8,7 @@ kept by its ResumeTracker (conveyor.state) over a view of its plan.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Optional, Protocol
 
 import conveyor.state as _state
 
@@ -66,6 +66,13 @@ class StateMethods:
         then nothing has changed. ``{}`` loads nothing, as in torchdata.
         """
         self._tracker.load(self._state_view(), state_dict)
+
+    def resumes_at(self: _Resumable) -> Optional[tuple[int, int]]:
+        """``(epoch, batches)``: where the next ``iter(self)`` resumes the
+        state :meth:`load_state_dict` loaded, inside an epoch (its first
+        ``batches`` batches are not loaded again); None when it starts an
+        epoch from its first batch."""
+        return self._tracker.resumes_at()
 
     def _state_view(self: _Resumable) -> _state.LoaderView:
         """What the resumable state needs to know of this loader."""

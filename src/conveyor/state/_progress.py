@@ -163,10 +163,9 @@ class ResumePoint:
     """Where the next ``iter(loader)`` starts inside an epoch: a checked
     ``state``, whose pass is ``EpochProgress.from_state(state)``.
 
-    The plan starts at batch ``position`` and leaves out
-    ``delivered_ahead``; a sampler that cannot jump draws and drops
-    ``sampler_skip`` batches first. (The properties are read by the
-    iterator, the first draw and the Accelerate integration.)
+    The pass it resumes is ``Start.progress`` (where the plan starts, what
+    it leaves out, the epoch's first batch: the state's own fields); a
+    sampler that cannot jump draws and drops ``sampler_skip`` batches first.
     """
 
     state: LoaderState
@@ -176,26 +175,6 @@ class ResumePoint:
     #: writing it so, a skipped sample without its traceback, would come back filled in.)
     given: Mapping[str, Any]
     sampler_skip: int
-
-    @property
-    def epoch(self) -> int:
-        return self.state.epoch
-
-    @property
-    def position(self) -> int:
-        return self.state.position
-
-    @property
-    def delivered_ahead(self) -> frozenset[int]:
-        return frozenset(self.state.delivered_ahead)
-
-    @property
-    def first_batch(self) -> Optional[str]:
-        return self.state.first_batch
-
-    @property
-    def count(self) -> int:
-        return self.state.count
 
 
 @dataclass(frozen=True)

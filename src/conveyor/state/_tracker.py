@@ -173,18 +173,24 @@ class ResumeTracker:
         """Make the next iteration epoch ``epoch``. A loaded resume point of
         that epoch is kept; any other is dropped, with a warning; True when
         one was dropped."""
-        resume = self._resume
-        dropped = resume is not None and resume.epoch != epoch
-        if resume is not None and dropped:
+        loaded = self._resume.state if self._resume is not None else None
+        dropped = loaded is not None and loaded.epoch != epoch
+        if loaded is not None and dropped:
             warnings.warn(
                 f"{owner}.set_epoch({epoch}) drops the resume point loaded by load_state_dict "
-                f"(epoch {resume.epoch}, {resume.count} batches delivered); call set_epoch({resume.epoch}) to "
+                f"(epoch {loaded.epoch}, {loaded.count} batches delivered); call set_epoch({loaded.epoch}) to "
                 f"resume it",
                 stacklevel=3,
             )
             self._resume = None
         self.epoch = int(epoch)
         return dropped
+
+    def resumes_at(self) -> Optional[tuple[int, int]]:
+        """(epoch, batches delivered) where the next iteration resumes a loaded
+        state inside an epoch; None when it starts an epoch."""
+        loaded = self._resume.state if self._resume is not None else None
+        return (loaded.epoch, loaded.count) if loaded is not None else None
 
     # -- save -----------------------------------------------------------------
 
