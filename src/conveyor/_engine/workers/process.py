@@ -144,7 +144,8 @@ def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
             writer = writers.for_task(task.slot, task.slot_file)
             if task.fill_threads == 0 and stop is not None:
                 if stop.wait_while_filling(FIRST_BATCH_HOLD_S):
-                    task.fill_threads = 1  # (the first batch is done: no need to stay out of its way)
+                    # (the first batch is done: no need to stay out of its way; the task itself is not changed)
+                    task = dataclasses.replace(task, fill_threads=1)
                 elif stop.is_set():
                     return 0  # (stopped while it held)
             try:
