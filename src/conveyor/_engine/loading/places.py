@@ -1,7 +1,7 @@
 """Where a worker loads its batches, as strategies chosen once: what differs
 between a worker process, a worker thread and the inline worker, in one place.
 
-                    PROCESS (InProcess)            THREAD (InThread)            INLINE (Inline)
+                    PROCESS (InProcess)             THREAD (InThread)            INLINE (Inline)
     runs in         a process of its own: pool.py,  a thread of the loop's       the loop's own thread
                     a Ray actor (ray_worker.py)     process: threads.py          (num_workers=0): inline.py
     set-up          global generators seeded,       its own WorkerInfo (an       a fetcher
