@@ -29,7 +29,8 @@ import conveyor
 import procutil
 from conveyor._engine.executor.kinds import MAP
 from conveyor._engine.loading.fetch import FetchSpec, collate_route
-from conveyor._engine.loading.serving import Place, WorkerConfig
+from conveyor._engine.loading.places import INLINE, PROCESS, THREAD, Place
+from conveyor._engine.loading.serving import WorkerConfig
 from conveyor._engine.transport.messages import Batch, Fatal, Ready, Task, TaskFailed
 from conveyor._engine.workers.inline import InlineWorkers
 from conveyor._engine.workers.pool import WorkerPool
@@ -61,11 +62,11 @@ class Samples(conveyor.Dataset):
 
 #: name: (make it, how many workers, where they run)
 IMPLEMENTATIONS = {
-    "processes (fork)": (lambda: WorkerPool("fork"), 2, Place.PROCESS),
-    "processes (spawn)": (lambda: WorkerPool("spawn"), 2, Place.PROCESS),
-    "threads": (ThreadWorkers, 2, Place.THREAD),
-    "inline": (InlineWorkers, 1, Place.INLINE),
-    "ray actors": (lambda: RayActorWorkers(RayWorkers(num_cpus=1, start_timeout=PATIENCE_S)), 2, Place.PROCESS),
+    "processes (fork)": (lambda: WorkerPool("fork"), 2, PROCESS),
+    "processes (spawn)": (lambda: WorkerPool("spawn"), 2, PROCESS),
+    "threads": (ThreadWorkers, 2, THREAD),
+    "inline": (InlineWorkers, 1, INLINE),
+    "ray actors": (lambda: RayActorWorkers(RayWorkers(num_cpus=1, start_timeout=PATIENCE_S)), 2, PROCESS),
 }
 
 try:
@@ -102,7 +103,7 @@ def config_maker(num_workers: int, place: Place):
             seed=1234 + worker_id,
             fetch=spec,
             worker_init_fn=None,
-            parent_pid=os.getpid() if place is Place.PROCESS else None,
+            parent_pid=os.getpid() if place is PROCESS else None,
             close_fds=close_fds,
             fds=fds,
             place=place,
@@ -195,7 +196,7 @@ def test_a_failing_sample_fails_its_task_and_the_worker_goes_on(workers):
 def test_user_code_that_ends_its_worker_is_fatal_then_exited(workers):
     worker = workers.workers[-1]
     send(workers, worker, [[64, 65], [66, 67]])
-    if workers.place is Place.INLINE:  # (the loop's own thread: raised as it is, after the batch before)
+    if workers.place is INLINE:  # (the loop's own thread: raised as it is, after the batch before)
         ((_, first),) = workers.wait(0)
         assert isinstance(first, Batch) and first.batch_index == 0
         with pytest.raises(SystemExit) as ended:
@@ -220,7 +221,7 @@ def test_a_failure_carries_the_users_exception_inline_and_its_text_elsewhere(wor
     send(workers, worker, [[13]])
     ((_, failed),) = collect(workers, lambda got: len(got) >= 1)
     answer(workers, worker, failed)
-    if workers.place is Place.INLINE:
+    if workers.place is INLINE:
         assert isinstance(failed.exception, KeyError) and failed.exception.args == ("no sample 13 here",)
     else:
         assert failed.exception is None and failed.failure.exc_type_name == "KeyError"

@@ -11,6 +11,7 @@ import pickle
 import signal
 import sys
 import traceback
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import cloudpickle
@@ -299,15 +300,28 @@ def transport_error(doing: str, what: str, worker: str, cause: BaseException, wh
     return error
 
 
-def live_workers_error(workers: list, threads: bool) -> TypeError:
+@dataclass(frozen=True)
+class WorkerNames:
+    """How the main process's errors name the workers of one place (each
+    place's own: loading/places.py); ``{id}`` and ``{pid}`` are filled in."""
+
+    #: One worker and several, as in "2 worker processes".
+    one: str
+    many: str
+    #: The worker whose batch failed: "worker pid {pid}".
+    in_batch: str
+    #: The worker whose user code ended it (set-up): "worker {id}, pid {pid}".
+    starting: str
+
+
+def live_workers_error(workers: list, names: WorkerNames) -> TypeError:
     """Why a loader holding live persistent workers cannot be pickled or
     deep-copied (torch refuses too, less clearly), and what to do instead."""
-    kind = "threads" if threads else "processes"
-    some = (kind[:-1] if threads else "process") if len(workers) == 1 else kind
+    some = names.one if len(workers) == 1 else names.many
     return TypeError(
         f"cannot pickle or deep-copy a DataLoader that holds live persistent workers: {len(workers)} worker "
-        f"{some} ({', '.join(workers)}), kept between passes by persistent_workers=True. Worker {kind}, and the "
-        f"pipes and shared memory that reach them, cannot be pickled. Pickle or copy the loader before its first "
-        f"pass, or build a new DataLoader with the same arguments and give it this one's state_dict() "
+        f"{some} ({', '.join(workers)}), kept between passes by persistent_workers=True. Worker {names.many}, and "
+        f"the pipes and shared memory that reach them, cannot be pickled. Pickle or copy the loader before its "
+        f"first pass, or build a new DataLoader with the same arguments and give it this one's state_dict() "
         f"(load_state_dict) to go on where it stands."
     )

@@ -59,7 +59,7 @@ from .watchdog import BusyWorker, StallWarning, StallWatchdog, busy_workers
 
 
 class PoolExecutor:
-    """Runs fetch + collate in worker processes or threads.
+    """Runs fetch + collate in workers: inline, processes, threads or Ray actors.
 
     Keeps at most ``prefetch_factor × num_workers`` batches between dispatch
     and delivery; delivers in plan order (``in_order=True``) or as batches
@@ -284,7 +284,9 @@ class PoolExecutor:
             self._progress.exhausted(index, worker.id, message.worker_state)
             self._reorder.retire(index)
         elif isinstance(message, TaskFailed):
-            self._reorder.put(index, Delivered(index, error=task_error(worker, message, task, self.running.threads)))
+            self._reorder.put(
+                index, Delivered(index, error=task_error(worker, message, task, self.running.place.names))
+            )
             self._progress.arrived(index, worker.id, None)
 
     # ------------------------------------------------------------- watching
@@ -306,7 +308,7 @@ class PoolExecutor:
     # ------------------------------------------------------------- failures
     def _on_fatal(self, worker: WorkerView, fatal: Fatal) -> None:
         """User code ended the worker (set-up failed, SystemExit, KeyboardInterrupt)."""
-        self._fail(failing.fatal_error(worker, fatal, self.running.threads, self._epoch_id, self._what))
+        self._fail(failing.fatal_error(worker, fatal, self.running.place.names, self._epoch_id, self._what))
 
     def _on_worker_exit(self, worker: WorkerView) -> None:
         if self.state is not Lifecycle.RUNNING:
@@ -347,7 +349,7 @@ class PoolExecutor:
     def __reduce__(self) -> tuple:
         """Refused, naming the workers: a loader that keeps its workers
         (persistent_workers=True) cannot be pickled or deep-copied with them."""
-        raise live_workers_error([worker.describe() for worker in self._workers], self.running.threads)
+        raise live_workers_error([worker.describe() for worker in self._workers], self.running.place.names)
 
     def _fresh_error(self) -> BaseException:
         """A copy of the stored error to raise. The stored one is never raised

@@ -12,6 +12,7 @@ more while batches are small (SMALL_BATCH_WINDOW). Sending never waits.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Iterator, Optional
 
 from ..cpu import usable_cores
@@ -82,8 +83,7 @@ class Dispatcher:
                 except StopIteration:
                     self.plan_done = True
                     break
-                self._assign(worker, task)
-                batches.setdefault(worker.id, []).append(task)
+                batches.setdefault(worker.id, []).append(self._assign(worker, task))
         finally:  # (also when the sampler raised: what was booked must be sent)
             for wid, tasks in batches.items():
                 self._pool.send(workers[wid], tasks)
@@ -94,18 +94,18 @@ class Dispatcher:
         worker, self._turn = self._kind.choose(workers, self._turn, cfg.in_order, cfg.prefetch_factor)
         return worker
 
-    def _assign(self, worker: WorkerView, task: Task) -> None:
+    def _assign(self, worker: WorkerView, task: Task) -> Task:
         """Book ``task`` for ``worker``: a slot, where its copy resumes, its
-        fill threads, its place in the queues."""
-        task.slot = self._pool.lend_slot()
-        task.restore = self.restore.pop(worker.id, None)
+        fill threads, its place in the queues; the booked task (a new one)."""
+        slot, restore = self._pool.lend_slot(), self.restore.pop(worker.id, None)
+        booked = replace(task, slot=slot, restore=restore, fill_threads=self._fill_threads(worker, task.batch_index))
         if not worker.outstanding:
             worker.busy_since = time.monotonic()
-        worker.outstanding.append(task)
-        self.pending[task.batch_index] = task
-        task.fill_threads = self._fill_threads(worker, task)
+        worker.outstanding.append(booked)
+        self.pending[booked.batch_index] = booked
+        return booked
 
-    def _fill_threads(self, worker: WorkerView, task: Task) -> int:
+    def _fill_threads(self, worker: WorkerView, batch_index: int) -> int:
         """How the batch's self-filling leaves (decoded images: rows.RowPlacer)
         are filled: an epoch's first batch, which the loop waits for, with a
         thread per core; another worker's first batch while that one loads
@@ -114,8 +114,8 @@ class Dispatcher:
         process.FIRST_BATCH_HOLD_S, at a lower CPU priority, so as not to
         take the cores from it; else 1."""
         if self._first_task:
-            self._first_task, self._first_batch = False, task.batch_index
+            self._first_task, self._first_batch = False, batch_index
             return FIRST_BATCH_FILL_THREADS
-        if self._first_batch in self.pending and len(worker.outstanding) == 1:
+        if self._first_batch in self.pending and not worker.outstanding:  # (the batch will be its only one)
             return 0
         return 1

@@ -14,23 +14,24 @@ from __future__ import annotations
 from traceback import format_tb
 from typing import Any, Callable, Optional
 
-from ..errors import describe_indices, rebuild_exception, transport_error, worker_ended_error
+from ..errors import WorkerNames, describe_indices, rebuild_exception, transport_error, worker_ended_error
 from ..transport.messages import Fatal
 from ..workers.protocol import Broken
 from .watchdog import late_text
 
 
 def fatal_error(
-    worker: Any, fatal: Fatal, threads: bool, epoch_id: int, what: Callable[[Optional[int]], str]
+    worker: Any, fatal: Fatal, names: WorkerNames, epoch_id: int, what: Callable[[Optional[int]], str]
 ) -> BaseException:
-    """User code ended ``worker`` (set-up failed, SystemExit, KeyboardInterrupt)."""
+    """User code ended ``worker`` (set-up failed, SystemExit, KeyboardInterrupt),
+    named as its place names it (``names``)."""
     ended = worker_ended_error(fatal, worker.pid)
     if ended is not None:
         return ended
     error = rebuild_exception(fatal.failure)
     if fatal.stage == "read":
         return broken_error(Broken(worker, None, "could not read the task of", error), epoch_id, what)
-    who = worker.describe() if threads else f"worker {worker.id}, pid {worker.pid}"
+    who = names.starting.format(id=worker.id, pid=worker.pid)
     return rebuild_exception(fatal.failure, f"(conveyor: while starting {who})")
 
 

@@ -8,6 +8,7 @@ differs between a map-style dataset and an iterable one, in one place.
       the least busy one                        robin): which worker serves decides the content
     nothing to keep per worker                where each copy stands (IterableProgress), for the state
     a thread worker shares the dataset        a thread worker gets its own shallow copy
+    a lost Ray actor's batches load again     a lost copy's batches are lost with it
     batch i's seed: derive_seed(base, i)      the base seed (the worker derives (w, k) itself)
 
 ``FetchSpec.kind`` holds the strategy; the engine asks it instead of
@@ -58,6 +59,9 @@ class MapKind:
     iterable = False
     #: Samples can be placed row by row into the batch as they are read.
     places_rows = True
+    #: A lost worker's batches in hand can be loaded again by a new one, as
+    #: RayWorkers(restart_lost=) does: a task names its samples.
+    reloads_lost = True
 
     def fetcher(self, spec: Any, worker_id: int) -> Any:
         from ..loading.fetch import MapFetcher
@@ -89,6 +93,8 @@ class IterableKind:
 
     iterable = True
     places_rows = False
+    #: A lost copy's place in its stream is lost with it: no batch of it can be loaded again.
+    reloads_lost = False
 
     def fetcher(self, spec: Any, worker_id: int) -> Any:
         from ..loading.fetch import IterableFetcher

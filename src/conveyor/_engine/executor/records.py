@@ -9,9 +9,10 @@ A batch crosses three records: what to load (``transport.messages.Task``),
 what came back (``Batch``, ``TaskFailed`` or ``Exhausted``) and what is
 delivered (:class:`Delivered`, which also waits in the reorder buffer for
 its turn). The one executor (``executor/core.py``) runs every batch
-through one ``Workers`` implementation: inline (``num_workers=0``,
-``workers/inline.py``), worker threads (``workers/threads.py``) or worker
-processes (``workers/pool.py``). The same tasks (batch index, sample
+through one ``Workers`` implementation (``workers/choice.py``): inline
+(``num_workers=0``, ``workers/inline.py``), worker processes
+(``workers/pool.py``), worker threads (``workers/threads.py``) or Ray actors
+(``workers/ray_actors.py``). The same tasks (batch index, sample
 indices, seed) give the same batches whatever the workers. A failure of one
 batch is that batch's ``Delivered.error`` and iteration goes on, as in torch.
 """
@@ -26,6 +27,7 @@ from time import perf_counter
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Protocol
 
 from ..loading.copies import Copies
+from ..loading.places import Place, place_for
 from ..transport.messages import LoadTimes, Task
 
 #: How often ``next_batch`` looks, while it waits, for its ``until`` event
@@ -86,8 +88,9 @@ class Running:
     stagger: bool = False
 
     @property
-    def threads(self) -> bool:
-        return self.method == "thread"
+    def place(self) -> Place:
+        """Where the workers load (loading/places.py), as ``method`` decides it."""
+        return place_for(self.method)
 
 
 class DeliveryTimes(NamedTuple):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from time import perf_counter
 
 from ...collate import to_torch
-from ..errors import add_note, batch_error, describe_indices
+from ..errors import WorkerNames, add_note, batch_error, describe_indices
 from ..interrupts import raised_by_handler
 from ..transport.messages import Batch, Task, TaskFailed
 from ..workers.protocol import Workers, WorkerView
@@ -52,10 +52,11 @@ def batch_arrived(pool: Workers, worker: WorkerView, sent: Task, message: Batch,
     return Delivered(message.batch_index, data, error, None, timings, skipped, message.empty)
 
 
-def task_error(worker: WorkerView, message: TaskFailed, task: Task, threads: bool) -> BaseException:
+def task_error(worker: WorkerView, message: TaskFailed, task: Task, names: WorkerNames) -> BaseException:
     """A failed batch's error: an inline worker's is the user's exception
-    itself; a process's or thread's is rebuilt from what it told, naming it."""
+    itself; a process's or thread's is rebuilt from what it told, naming it
+    as its place names it (``names``)."""
     if message.exception is not None:
         return message.exception
-    who = worker.describe() if threads else f"worker pid {message.failure.pid}"
+    who = names.in_batch.format(id=worker.id, pid=message.failure.pid)
     return batch_error(message.failure, who, message.batch_index, task.indices)

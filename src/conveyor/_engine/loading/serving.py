@@ -6,56 +6,33 @@
         fetch (fetch.py) ──▶ collate into the slot's writer, or arrays of their own
         timings (StageClock, ThreadClock) ──▶ LoadTimes (packed only to cross a pipe: transport/messages.py)
 
-Where a worker runs is its :class:`Place`, chosen once when the pool starts:
-
-  * ``PROCESS`` (workers/pool.py, workers/process.py): the process is the worker's own; the
-    global generators are seeded per batch; a failure travels as text.
-  * ``THREAD`` (workers/threads.py): the process is the training loop's; the global
-    generators are left alone (``conveyor.sample_rng()`` gives each sample
-    its own); a failure travels as text, as from a process.
-  * ``INLINE`` (workers/inline.py, ``num_workers=0``): the loop's own thread; the
-    global generators are seeded for the batch and put back after it, and a
-    failure is the user's own exception object, as torch raises it.
+Where a worker runs is its :class:`~.places.Place`, a strategy chosen once
+(``WorkerConfig.place``, from the worker method): a process of its own
+(worker processes and Ray actors), a thread of the training loop's process,
+or inline in the loop's own thread. It sets the worker up, and says how each
+batch is seeded, where its arrays go, how it is encoded and what a failure
+becomes (places.py tells them apart); this module asks it and tests no place.
 
 ``SystemExit`` or ``KeyboardInterrupt`` in user code ends a process or a
-thread worker (:class:`Ending`, carrying the Fatal it sends); inline, it is
-raised as it is.
+thread worker (:class:`~.ending.Ending`, carrying the Fatal it sends); inline,
+it is raised as it is.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import sys
 from dataclasses import dataclass
-from time import perf_counter
 from typing import Any, Callable, Optional, Union
 
-from ...collate.allocation import allocate_batch
-from ...rng import global_generator_states, restore_global_generators, thread_sample_random
 from ..cpu import ThreadClock
-from ..errors import capture_failure
-from ..interrupts import raised_by_handler
-from ..transport.encoding import encode
-from ..transport.messages import Batch, Exhausted, Fatal, LoadTimes, Task, TaskFailed
+from ..transport.messages import Batch, Exhausted, LoadTimes, Task, TaskFailed
 from ..transport.pickling import pack_result
 from ..transport.slots import SlotWriter, StopFlag
 from ..transport.wire import pack
 from .copies import CopyState
 from .fetch import EndOfData, FetchSpec, StageClock, fetch_seeded
+from .places import PROCESS, Place
 from .reads import EmptyBatch
-from .rows import RowPlacer, SlotAllocator
-
-#: The exit code of a worker interrupted by KeyboardInterrupt (as a shell reports SIGINT).
-INTERRUPTED_EXIT_CODE = 128 + 2
-
-
-class Place(enum.Enum):
-    """Where a worker runs (see the module docstring)."""
-
-    PROCESS = "process"
-    THREAD = "thread"
-    INLINE = "inline"
 
 
 @dataclass(frozen=True)
@@ -94,7 +71,8 @@ class WorkerConfig:
     fds: WorkerFds = WorkerFds()
     #: Time each batch's stages (for the loader's stats).
     timed: bool = True
-    place: Place = Place.PROCESS
+    #: Where it runs (places.py): what differs between a process, a thread and inline, decided once.
+    place: Place = PROCESS
     #: Ask the kernel to kill the worker when its parent ends. Linux sends
     #: that signal when the *thread* that started the worker ends, so the
     #: pool asks only when that thread lives as long as the process (the
@@ -105,13 +83,7 @@ class WorkerConfig:
     @property
     def where(self) -> str:
         """Where user code runs, in torch's words: "in DataLoader worker process 0"."""
-        if self.place is Place.INLINE:
-            return "in the main process"
-        return f"in DataLoader worker {self.place.value} {self.worker_id}"
-
-
-#: Where the workers of each start method run (any other: processes).
-PLACES = {"thread": Place.THREAD, "inline": Place.INLINE}
+        return self.place.where(self.worker_id)
 
 
 def worker_config(
@@ -130,54 +102,21 @@ def worker_config(
         close_fds=close_fds,
         fds=fds,
         timed=running.timed,
-        place=PLACES.get(method, Place.PROCESS),
+        place=running.place,
         # (Linux kills a worker when the thread that started it ends: launch.py starts each from one that lives on)
         die_with_parent=method in ("fork", "spawn", "forkserver"),
     )
 
 
-# ------------------------------------------------------------------ ending
-def exit_code(exc: Optional[BaseException]) -> int:
-    """The code a process ends with when ``exc`` goes uncaught, as Python's."""
-    if isinstance(exc, SystemExit):
-        code = exc.code
-        if code is None:
-            return 0
-        return code if isinstance(code, int) else 1
-    if isinstance(exc, KeyboardInterrupt):
-        return INTERRUPTED_EXIT_CODE
-    return 1
-
-
-def fatal_message(wid: int, where: str, stage: str, task: Optional[Task] = None) -> Fatal:
-    """The exception being handled, as the Fatal message the worker sends before it ends."""
-    exc = sys.exc_info()[1]
-    return Fatal(
-        worker_id=wid,
-        failure=capture_failure(wid, where),
-        exit_code=exit_code(exc),
-        stage=stage,
-        epoch_id=task.epoch_id if task is not None else None,
-        batch_index=task.batch_index if task is not None else None,
-        indices=task.indices if task is not None else None,
-    )
-
-
-class Ending(Exception):
-    """User code asked the worker to end (SystemExit, KeyboardInterrupt); carries the Fatal to send."""
-
-    def __init__(self, fatal: Fatal):
-        super().__init__(fatal.failure.exc_type_name)
-        self.fatal = fatal
-
-
 # ------------------------------------------------------------------ serving
 class Serving:
-    """Loads one task at a time into a result message."""
+    """Loads one task at a time into a result message, as its place says."""
 
     def __init__(self, config: WorkerConfig, fetcher: Any, flags: Optional[StopFlag] = None):
         self.config = config
         self.fetcher = fetcher
+        #: Where it loads (chosen once, with the config).
+        self._place = config.place
         #: The pool's shared flags (a worker process with slots), where an
         #: epoch's first batch says that it fills with every core.
         self._flags = flags
@@ -223,8 +162,7 @@ class Serving:
         and encoding now (the CPU figures are read first, inside the span)."""
         cpu_s, cpu_wait_s = self._cpu.end()
         started_at, fetched_at, collated_at = clock.started_at, clock.fetched_at, clock.collated_at
-        # (inline, the batch is handed over as it is: nothing is encoded)
-        encode_s = 0.0 if self.config.place is Place.INLINE else perf_counter() - collated_at
+        encode_s = self._place.encode_s(collated_at)
         return LoadTimes(
             clock.samples, started_at, fetched_at - started_at, collated_at - fetched_at, encode_s, cpu_s, cpu_wait_s
         )
@@ -232,27 +170,18 @@ class Serving:
     def failed(self, task: Task, doing: str = "") -> TaskFailed:
         """The failure being handled now (call it in an except block) as the
         task's answer, ``doing`` saying where beyond the worker."""
-        wid = self.config.worker_id
         where = f"{self.config.where} {doing}" if doing else self.config.where
-        live = sys.exc_info()[1] if self.config.place is Place.INLINE else None
-        return TaskFailed(task.epoch_id, task.batch_index, wid, task.indices, capture_failure(wid, where), live)
+        return self._place.failed(self.config.worker_id, task, where)
 
     def load(self, task: Task, writer: Optional[SlotWriter] = None) -> Any:
         """The task's result message: Batch (its arrays in ``writer``'s slot
         when given, else numpy arrays of their own), Exhausted or TaskFailed.
         Raises Ending for SystemExit and KeyboardInterrupt in user code (inline:
         raises them as they are)."""
-        if self.config.place is Place.INLINE:
-            saved = global_generator_states()  # (the loop's: put back after the batch)
-            try:
-                return self._load(task, writer)
-            finally:
-                restore_global_generators(saved)
-                thread_sample_random().reset(None)  # (sample_rng() is the OS's again outside loading)
-        return self._load(task, writer)
+        return self._place.run_batch(self._load, task, writer)
 
     def _load(self, task: Task, writer: Optional[SlotWriter]) -> Any:
-        config, fetcher, wid = self.config, self.fetcher, self.config.worker_id
+        config, fetcher, place, wid = self.config, self.fetcher, self._place, self.config.worker_id
         message: Union[Batch, Exhausted]
         try:
             if task.epoch_id != self._epoch_id:
@@ -265,12 +194,9 @@ class Serving:
             clock = StageClock() if config.timed else None
             if clock is not None:
                 self._cpu.begin(clock.started_at)
-            allocate = None if config.place is Place.INLINE else _allocator(config.fetch, task, writer, self._flags)
-            data = fetch_seeded(fetcher, task.indices, task.seed, allocate, clock, config.place is not Place.THREAD)
-            used = size = 0
-            if writer is not None:
-                data, used = encode(data, writer)
-                size = writer.size
+            allocate = place.allocator(config.fetch, task, writer, self._flags)
+            data = fetch_seeded(fetcher, task.indices, task.seed, allocate, clock, place.seeds_globals)
+            data, used, size = place.encode(data, writer)
             times = None
             if clock is not None:
                 times = self._times(clock)
@@ -281,37 +207,16 @@ class Serving:
             message = Batch(task.epoch_id, task.batch_index, wid, None, skipped=tuple(fetcher.skipped), empty=True)
         except EndOfData:
             message = Exhausted(task.epoch_id, task.batch_index, wid)
-        except (SystemExit, KeyboardInterrupt):
-            if config.place is Place.INLINE:
-                raise
-            raise Ending(fatal_message(wid, config.where, "task", task)) from None
-        except BaseException as exc:
-            if config.place is Place.INLINE and raised_by_handler(exc):
-                raise  # (the loop's signal handler, not the dataset: the pass stops, iteration.py)
-            return self.failed(task)
+        except BaseException:
+            failed = place.answer(wid, config.where, task)
+            if failed is None:
+                raise  # (inline: as it is; the loop's signal handler's stops the pass, iteration.py)
+            return failed
         try:  # where an iterable's copy stands after the batch, for DataLoader.state_dict
             state = fetcher.state()
-        except (SystemExit, KeyboardInterrupt):
-            if config.place is Place.INLINE:
+        except BaseException:
+            failed = place.answer(wid, config.where, task, "in state_dict()")
+            if failed is None:
                 raise
-            raise Ending(fatal_message(wid, config.where, "task", task)) from None
-        except BaseException as exc:
-            if config.place is Place.INLINE and raised_by_handler(exc):
-                raise
-            return self.failed(task, "in state_dict()")
+            return failed
         return message if state is None else dataclasses.replace(message, worker_state=state)
-
-
-def _allocator(spec: FetchSpec, task: Task, writer: Optional[SlotWriter], flags: Optional[StopFlag] = None) -> Any:
-    """Where collate puts arrays: conveyor's own collate writes numpy leaves
-    straight into the slot (samples placed row by row when it can); the main
-    process converts to torch if the user asked for tensors. None for a
-    user's collate_fn (and inline, where collate_fn makes the batch as the
-    user gets it, as torch's single-process loading does)."""
-    if spec.collate_into is None:
-        return None
-    if writer is None:
-        return allocate_batch
-    if spec.auto_collation and spec.kind.places_rows:
-        return RowPlacer(writer, len(task.indices), task.fill_threads, flags)
-    return SlotAllocator(writer)

@@ -23,14 +23,17 @@ from typing import Any, NamedTuple, Optional
 from ..loading.copies import CopyState
 
 
-@dataclass
+@dataclass(frozen=True)
 class Task:
     """Load one batch: what to load, from the loader's plan to a worker.
 
     The pass's plan makes it (``iteration._plan``: epoch, index, seed,
-    indices, the sampler's time, the dataset's epoch); the executor books it when it hands it to
-    a worker (``slot``, ``restore``, ``fill_threads``) and keeps it until
-    its answer arrives; nothing changes it after.
+    indices, the sampler's time, the dataset's epoch); the executor books it
+    when it hands it to a worker, as a new Task with ``slot``, ``restore`` and
+    ``fill_threads`` (``dataclasses.replace``: executor/dispatch.py), and keeps
+    that one until its answer arrives. Frozen: nothing changes a Task; what
+    differs on the way (the slot's file as it is sent, a worker's fill threads
+    once an epoch's first batch is done) is a new one made for that step.
 
     ``epoch_id`` counts iterations of the loader so that results of an
     abandoned epoch are recognised and dropped; ``seed`` is the batch's seed
@@ -64,7 +67,7 @@ class Task:
     sampler_s: float = 0.0
     #: Once the slot's first file was retired (kept leaves live on in it):
     #: the generation and /proc path of its file now, for the worker to open
-    #: (``slots.SlotWriters``); set by the process pool as it sends the task.
+    #: (``slots.SlotWriters``); given by the process pool to the Task it sends.
     slot_file: Optional[tuple[int, str]] = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:

@@ -5,7 +5,7 @@ same ``Serving.load`` as worker processes and threads.
     executor ──send: [Task]──▶ queue ──wait()──▶ Serving.load (here, now) ──▶ (worker, message)
 
 What differs from the other kinds of workers, as torch's single-process
-loading does it (``serving.Place.INLINE``):
+loading does it (its place: ``places.Inline``):
 
 * nothing is loaded ahead: the executor's window is one batch, and a task
   runs only when ``wait`` is called for it;
@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..loading.copies import CopyState
-from ..loading.fetch import make_fetcher
 from ..loading.serving import Serving, WorkerConfig, WorkerFds
 from ..transport.messages import Batch, Task
 from .protocol import AllAtOnce, NoSlots, task_of_epoch
@@ -86,7 +85,7 @@ class InlineWorkers(NoSlots, AllAtOnce):
     ) -> None:
         """Make the one worker's fetcher (no process, no thread, no slots)."""
         config = make_config(0, WorkerFds(), ())
-        self._serving = Serving(config, make_fetcher(config.fetch, 0))
+        self._serving = Serving(config, config.place.set_up(config))
         self.workers = [InlineHandle()]
 
     def begin_epoch(self, epoch_id: int, restore: dict[int, CopyState]) -> Optional[dict[int, CopyState]]:

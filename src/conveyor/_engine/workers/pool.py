@@ -16,6 +16,7 @@ only knows how to reach them, read them and end them (workers.Workers).
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import warnings
 from typing import Any, Optional
@@ -133,8 +134,9 @@ class WorkerPool:
         is written when ``wait`` finds room."""
         parts = []
         for task in tasks:
-            if task.slot is not None and self.slots is not None:
-                task.slot_file = self.slots.files[task.slot]
+            slot_file = self.slots.files[task.slot] if task.slot is not None and self.slots is not None else None
+            if slot_file is not None:  # (its slot's first file was retired: the task sent says where it is now)
+                task = dataclasses.replace(task, slot_file=slot_file)
             try:
                 parts.append(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
             except Exception as exc:

@@ -8,11 +8,12 @@
                                          PR_SET_PDEATHSIG), and a watch thread exits it (everywhere)
 
 Actors:
-  * ``run_worker``: seeds, sets torch to one thread, calls ``worker_init_fn``,
-    says Ready, then serves tasks in order, each under its batch's seed;
-    arrays go straight into the task's shared-memory slot (``loading/rows.py``,
-    ``transport/slots.py``); each result is sent the moment it is ready. An exception in
-    user code becomes a ``TaskFailed`` and the loop goes on; ``SystemExit``
+  * ``run_worker``: sets up as its place says (``places.InProcess``: seeds,
+    sets torch to one thread, calls ``worker_init_fn``), says Ready, then
+    serves tasks in order, each under its batch's seed; arrays go straight
+    into the task's shared-memory slot (``loading/rows.py``,
+    ``transport/slots.py``); each result is sent the moment it is ready. An
+    exception in user code becomes a ``TaskFailed`` and the loop goes on; ``SystemExit``
     or ``KeyboardInterrupt`` in user code, or a failure during set-up,
     becomes a ``Fatal`` and the worker exits (with the SystemExit's code).
   * ``_start_parent_watch``: where Linux has it, the kernel SIGKILLs the
@@ -43,13 +44,10 @@ import threading
 import time
 from typing import Any, Optional
 
-from ...rng import last_global_seed, seed_global_generators, thread_sample_random
-from .. import info as _info
 from .. import portable
-from ..info import WorkerInfo
-from ..loading.fetch import make_fetcher
-from ..loading.serving import INTERRUPTED_EXIT_CODE, Ending, Serving, WorkerConfig, WorkerFds, fatal_message
-from ..torch_hook import when_torch_loads
+from ..loading.ending import INTERRUPTED_EXIT_CODE, Ending, fatal_message
+from ..loading.places import PROCESS
+from ..loading.serving import Serving, WorkerConfig, WorkerFds
 from ..transport.messages import Fatal, Ready, Stop
 from ..transport.slots import SlotWriters, StopFlag
 from ..transport.wire import pack, read_frame, unpack, write_frame
@@ -70,41 +68,6 @@ FIRST_BATCH_HOLD_S = 1.0
 #: How often a worker checks that its parent is alive. Short enough that
 #: workers of a killed main process are gone well within a second.
 _PARENT_POLL_S = 0.1
-
-
-def _set_worker_info(config: WorkerConfig) -> None:
-    _info.current = WorkerInfo(
-        config.worker_id, config.num_workers, config.seed, config.fetch.dataset, thread_sample_random()
-    )
-
-    def tell_torch(torch: Any) -> None:
-        # One intra-op thread per worker, as torch's workers: N workers each
-        # running every core's worth of threads only fight, and a thread pool
-        # inherited through fork hangs on its first use (PyTorch issue 53565).
-        # worker_init_fn runs after this and may choose otherwise.
-        torch.set_num_threads(1)
-        # Datasets written for torch ask torch.utils.data.get_worker_info()
-        # to shard themselves; answer them too. Torch loaded late (inside
-        # __getitem__) also gets the seed of the batch in hand.
-        try:
-            from torch.utils.data._utils import worker as torch_worker
-
-            fields = dict(
-                id=config.worker_id, num_workers=config.num_workers, seed=config.seed, dataset=config.fetch.dataset
-            )
-            current = _info.current
-            try:
-                torch_worker._worker_info = torch_worker.WorkerInfo(
-                    **fields, rng=current.rng if current is not None else None
-                )
-            except TypeError:  # (a torch whose WorkerInfo has no rng field)
-                torch_worker._worker_info = torch_worker.WorkerInfo(**fields)
-        except Exception:  # an unusual torch build: conveyor's own answer still works
-            pass
-        if last_global_seed() is not None:
-            torch.default_generator.manual_seed(last_global_seed())
-
-    when_torch_loads(tell_torch)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -152,22 +115,13 @@ def _keep_freed_memory() -> None:
     mallopt(m_mmap_threshold, _MALLOC_MMAP_THRESHOLD_BYTES)
 
 
-def set_up(config: WorkerConfig) -> Any:
-    """Seed, answer get_worker_info, run worker_init_fn; the fetcher."""
-    seed_global_generators(config.seed)
-    _set_worker_info(config)
-    if config.worker_init_fn is not None:
-        config.worker_init_fn(config.worker_id)
-    return make_fetcher(config.fetch, config.worker_id)
-
-
 def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
     """Serve tasks until ``Stop``, the end of the task pipe, or the parent's
     death; the exit code."""
     wid = config.worker_id
     stacks.install(config.fds.stack)
     try:
-        fetcher = set_up(config)
+        fetcher = config.place.set_up(config)
     except BaseException:
         return _send_fatal(result_fd, fatal_message(wid, config.where, "start"))
     if not _send(result_fd, pack(Ready(wid))):
@@ -190,7 +144,8 @@ def run_worker(config: WorkerConfig, task_fd: int, result_fd: int) -> int:
             writer = writers.for_task(task.slot, task.slot_file)
             if task.fill_threads == 0 and stop is not None:
                 if stop.wait_while_filling(FIRST_BATCH_HOLD_S):
-                    task.fill_threads = 1  # (the first batch is done: no need to stay out of its way)
+                    # (the first batch is done: no need to stay out of its way; the task itself is not changed)
+                    task = dataclasses.replace(task, fill_threads=1)
                 elif stop.is_set():
                     return 0  # (stopped while it held)
             try:
@@ -254,7 +209,7 @@ def fork_entry(config: WorkerConfig, task_fd: int, result_fd: int) -> None:
 
 def _config_failed(worker_id: int, result_fd: int) -> None:
     """The config did not unpickle here: say so, then exit."""
-    code = _send_fatal(result_fd, fatal_message(worker_id, f"in DataLoader worker process {worker_id}", "start"))
+    code = _send_fatal(result_fd, fatal_message(worker_id, PROCESS.where(worker_id), "start"))
     os._exit(code)
 
 

@@ -1,5 +1,6 @@
 """What the executor (executor/core.py) asks of a set of workers, whether
-inline (inline.py), threads (threads.py) or processes (pool.py).
+inline (inline.py), processes (pool.py), threads (threads.py) or Ray actors
+(ray_actors.py); choice.py picks one, once, from the worker method.
 
     executor ──send(worker, tasks)──▶ Workers ──▶ worker 0..N-1
              ◀──wait(timeout): (worker, message) … (worker, EXITED)──

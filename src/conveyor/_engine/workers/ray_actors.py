@@ -5,10 +5,10 @@ the worker loop in one Ray actor per worker, anywhere on the cluster.
              ◀──wait: ray.wait over the refs in hand, each worker's answers in order──
              ──decode: the batch's arrays from Ray's object store (copied where read-only)
 
-Each actor (ray_worker.py) sets up as a worker process does (``process.set_up``: seeded,
-``get_worker_info()``, ``worker_init_fn``, its fetcher), then loads each task
-with the same ``Serving.load`` as ``Place.PROCESS`` (the global generators
-seeded per batch), so a batch is the one a local worker process makes for
+Each actor (ray_worker.py) sets up as a worker process does (its place,
+``places.InProcess``: seeded, ``get_worker_info()``, ``worker_init_fn``, its
+fetcher), then loads each task with the same ``Serving.load`` as a worker
+process (the global generators seeded per batch), so a batch is the one a local worker process makes for
 the same task. What differs:
 
 * no shared-memory slots (they cannot cross machines): a batch is collated
@@ -40,7 +40,6 @@ import numpy as np
 
 from ...ray_options import RayWorkers
 from ..errors import WorkerDiedError
-from ..executor.kinds import MAP
 from ..loading.serving import WorkerConfig, WorkerFds
 from ..transport.messages import Batch, Fatal, Ready, Task
 from ..transport.tree import map_leaves
@@ -97,7 +96,7 @@ class RayActorWorkers(NoSlots, AllAtOnce):
         each worker's config and start its actor; no slots."""
         ray = self._ray = _import_ray()
         configs = [make_config(wid, WorkerFds(), ()) for wid in range(num_workers)]
-        self._restartable = bool(configs) and configs[0].fetch.kind is MAP
+        self._restartable = bool(configs) and configs[0].fetch.kind.reloads_lost
         self._payloads = {config.worker_id: pickle_config(config) for config in configs}
         _connect(ray)
         self._actor_class = ray.remote(LoadingActor)

@@ -1,6 +1,6 @@
 """The worker on a Ray cluster (``worker_method="ray"``; its main-process side
 is ray_actors.py): one actor per worker, which sets up as a worker process
-does and loads each task with ``Serving.load`` at ``Place.PROCESS``.
+does and loads each task with ``Serving.load`` at its place, ``places.InProcess``.
 
     main ──set_up(worker id, sys.path, cloudpickled config)──▶ LoadingActor ──▶ Ready | Fatal, (pid, node)
     main ──load(task)──▶ LoadingActor ──▶ Batch (arrays of its own) | TaskFailed | Exhausted | Fatal
@@ -16,7 +16,9 @@ import pickle
 import sys
 from typing import Any, Optional
 
-from ..loading.serving import Ending, Serving, WorkerConfig, fatal_message
+from ..loading.ending import Ending, fatal_message
+from ..loading.places import PROCESS
+from ..loading.serving import Serving, WorkerConfig
 from ..transport.messages import Ready, Task
 from ..transport.pickling import dumps, find_unpicklable
 
@@ -39,12 +41,10 @@ class LoadingActor:
         address = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # (Ray's, unannotated)
         where = (os.getpid(), context.get_node_id(), address)
         try:
-            from .process import set_up
-
             config: WorkerConfig = pickle.loads(payload)
-            fetcher = set_up(config)
+            fetcher = config.place.set_up(config)
         except BaseException:
-            return fatal_message(worker_id, f"in DataLoader worker process {worker_id}", "start"), where
+            return fatal_message(worker_id, PROCESS.where(worker_id), "start"), where
         self._serving = Serving(config, fetcher)
         return Ready(worker_id), where
 

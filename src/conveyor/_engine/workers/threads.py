@@ -4,11 +4,12 @@ the main process, for datasets that wait on I/O rather than compute.
     executor ──send: [Task, …]──▶ inbox (one per thread) ──▶ Serving.load ──▶ results queue ──▶ wait
                                                                (fetch + collate, numpy leaves)
 
-Each thread sets up as a worker process does (its own ``get_worker_info()``,
-``worker_init_fn``, its own fetcher; its own shallow copy of an iterable
-dataset, so its own iterator and attributes), then serves its tasks in order with the same code
-(loading/serving.py's ``Serving``), so errors, timings, resume and batches are those of process
-workers. What differs, because a thread shares its process:
+Each thread sets up as a worker process does (``places.InThread``: its own
+``get_worker_info()``, ``worker_init_fn``, its own fetcher; its own shallow
+copy of an iterable dataset, so its own iterator and attributes), then serves
+its tasks in order with the same code (loading/serving.py's ``Serving``),
+so errors, timings, resume and batches are those of process workers. What
+differs, because a thread shares its process:
 
 * the batch is handed over as it is: no pickling, no shared memory;
 * the global generators (``random``, ``numpy.random``, torch's) belong to
@@ -23,7 +24,6 @@ workers. What differs, because a thread shares its process:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import queue
 import threading
@@ -33,12 +33,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ...rng import thread_sample_random
 from .. import info as _info
 from ..errors import WorkerDiedError
-from ..info import WorkerInfo
-from ..loading.fetch import make_fetcher
-from ..loading.serving import Ending, Serving, WorkerConfig, WorkerFds, fatal_message
+from ..loading.ending import Ending, fatal_message
+from ..loading.serving import Serving, WorkerConfig, WorkerFds
 from ..torch_hook import when_torch_loads
 from ..transport.messages import Batch, Ready, Task
 from .fleet import STOP_GRACE_S
@@ -177,27 +175,6 @@ class ThreadWorkers(NoSlots, AllAtOnce):
         self.workers = []
 
 
-def _own_copy(config: WorkerConfig) -> WorkerConfig:
-    """The thread's dataset, as its kind wants it (executor/kinds.py: an iterable's
-    own shallow copy, as each worker process has its own; a map-style
-    dataset shared as it is)."""
-    fetch = config.fetch
-    return dataclasses.replace(config, fetch=dataclasses.replace(fetch, dataset=fetch.kind.for_thread(fetch.dataset)))
-
-
-def _set_up(config: WorkerConfig) -> Any:
-    """As a worker process's set-up, minus what belongs to the whole process
-    (the global generators, torch's thread count): this thread's WorkerInfo,
-    ``worker_init_fn``, the fetcher."""
-    info = WorkerInfo(
-        config.worker_id, config.num_workers, config.seed, config.fetch.dataset, thread_sample_random(), "thread"
-    )
-    _info.set_thread_info(info)
-    if config.worker_init_fn is not None:
-        config.worker_init_fn(config.worker_id)
-    return make_fetcher(config.fetch, config.worker_id)
-
-
 def _serve(config: WorkerConfig, handle: ThreadHandle, results: queue.SimpleQueue, stopping: threading.Event) -> None:
     """The thread: set up, say Ready, serve tasks until told to stop; its
     last word is always EXITED."""
@@ -205,8 +182,7 @@ def _serve(config: WorkerConfig, handle: ThreadHandle, results: queue.SimpleQueu
     fetcher = serving = None
     try:
         try:
-            config = _own_copy(config)
-            fetcher = _set_up(config)
+            fetcher = config.place.set_up(config)  # (places.InThread: its WorkerInfo, worker_init_fn, its copy)
         except BaseException:
             results.put((handle, fatal_message(wid, config.where, "start")))
             return
