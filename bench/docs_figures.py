@@ -22,7 +22,7 @@ bench/results-ray-workers.json (bench/ray_workers.py); ``repo:`` ones from other
 files of this repository (the development extras in pyproject.toml, an
 example's defaults), so that the docs cannot drift from those either. An
 inline figure must not begin a line: Markdown would take the comment for
-the start of an HTML block. tests/test_docs_figures.py runs the check.
+the start of an HTML block. tests/guards/test_docs_figures.py runs the check.
 After a benchmark run, copy its JSON to bench/results-latest.json and run
 this script; `git diff` then shows every figure that moved.
 """

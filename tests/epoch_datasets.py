@@ -1,5 +1,5 @@
 """Iterable datasets whose order depends on their epoch (``set_epoch``), for
-tests/test_stream_epochs.py.
+tests/loader/test_stream_epochs.py.
 
 A plain module (see toy_datasets.py): spawn workers unpickle these classes
 by reference, so it imports in a fresh interpreter, numpy and conveyor only.

@@ -1,4 +1,4 @@
-"""Datasets for tests/test_leaf_lifetime.py, importable by spawn workers."""
+"""Datasets for tests/engine/test_leaf_lifetime.py, importable by spawn workers."""
 
 import numpy as np
 

@@ -35,7 +35,7 @@ before) an iterable dataset's copies were saved in two places:
 ``states[0]``), and ``dataset_state`` holds a dataset's state only between
 epochs. Such a state is upgraded here, after its own checksum is checked as
 it was written (an edited old state is refused like an edited new one), and
-resumes to the same batches (``tests/test_saved_states.py``).
+resumes to the same batches (``tests/state/test_saved_states.py``).
 """
 
 from __future__ import annotations

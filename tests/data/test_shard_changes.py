@@ -3,7 +3,7 @@ shard truncated or rewritten in place while a loader reads it gives a
 ShardError naming the shard (num_workers=0, thread and fork workers), no
 sample of mixed or new bytes is delivered, and the next epoch reads every
 sample once the shard is whole again. Each scenario runs in its own process
-(tests/shard_changes_job.py), so a reader that dies of SIGBUS fails the test
+(tests/data/shard_changes_job.py), so a reader that dies of SIGBUS fails the test
 instead of ending the run."""
 
 from __future__ import annotations

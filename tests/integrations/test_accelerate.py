@@ -1,6 +1,6 @@
 """Hugging Face Accelerate keeps conveyor loaders (conveyor.integrations.accelerate).
 
-tests/job_accelerate.py runs as one process and under torchrun on 2 ranks
+tests/integrations/job_accelerate.py runs as one process and under torchrun on 2 ranks
 (gloo, CPU). On each rank, after ``accelerator.prepare``: conveyor loads the
 batches (its stats count them, thread workers stay threads) and they equal
 the same conveyor loader's outside accelerate, augmentations included; each

@@ -21,7 +21,7 @@ from conveyor.store import Store, _turns
 from conveyor.store._cache import Cache, _key
 from store_fakes import FlakyFS
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.urandom(1 << 20)
 
 pytestmark = pytest.mark.timeout(120)

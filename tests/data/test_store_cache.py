@@ -25,7 +25,7 @@ from conveyor.cli import main as cli
 from conveyor.shards import ShardDataset
 from conveyor.store import Store
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = bytes(range(256)) * 40 + b"tail"
 
 

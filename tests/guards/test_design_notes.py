@@ -10,7 +10,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "conveyor"
 NOTE = ROOT / "docs" / "architecture.md"
 

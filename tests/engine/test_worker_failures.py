@@ -53,7 +53,7 @@ GONE_WITHIN_S = 5.0
 METHODS = ["fork", "spawn"]
 PICKLING_METHODS = ["spawn", "forkserver"]
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(conveyor.__file__)))
 
 

@@ -205,7 +205,7 @@ def test_a_failing_rank_ends_the_job_with_a_report_instead_of_a_hang(tmp_path, s
 
 
 def test_the_documented_example_runs_as_written_and_resumes(tmp_path):
-    example = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "ddp.py")
+    example = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "examples", "ddp.py")
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     lines = []
     for extra in ([], ["--resume"]):

@@ -10,7 +10,7 @@ This file checks:
 - CHANGELOG.md's table of state format versions has a row for the versions
   that conveyor writes today;
 - neither file quotes a measurement: figures belong in the docs, between
-  markers (tests/test_docs_figures.py).
+  markers (tests/guards/test_docs_figures.py).
 
 The test reads files and saves two states. It runs no benchmark and no
 worker.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import conveyor
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONTRIBUTING = ROOT / "CONTRIBUTING.md"
 CHANGELOG = ROOT / "CHANGELOG.md"
 

@@ -1,9 +1,9 @@
 """A training job with Hugging Face Accelerate and conveyor loaders, run by
-tests/test_accelerate.py on one process and under torchrun on 2 ranks
+tests/integrations/test_accelerate.py on one process and under torchrun on 2 ranks
 (gloo, CPU). Each rank writes what it saw to ``OUT/rank-<r>.json``.
 
-    python tests/job_accelerate.py OUT
-    python -m torch.distributed.run --nproc-per-node 2 tests/job_accelerate.py OUT
+    python tests/integrations/job_accelerate.py OUT
+    python -m torch.distributed.run --nproc-per-node 2 tests/integrations/job_accelerate.py OUT
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Modules whose own errors pyproject.toml's overrides leave out of the
 #: report (ignore_errors): none; a module added here must say why.
@@ -49,5 +49,5 @@ def test_only_the_modules_being_reshaped_have_their_errors_ignored():
             ignored += [modules] if isinstance(modules, str) else modules
     assert sorted(ignored) == sorted(RESHAPING), (
         "pyproject.toml's [tool.mypy] overrides ignore the errors of other modules than RESHAPING in "
-        f"tests/test_types.py: {sorted(set(ignored) ^ set(RESHAPING))}"
+        f"tests/guards/test_types.py: {sorted(set(ignored) ^ set(RESHAPING))}"
     )

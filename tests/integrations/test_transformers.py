@@ -1,6 +1,6 @@
 """transformers.Trainer through conveyor (conveyor.integrations.transformers).
 
-tests/job_trainer.py trains a tiny GPT-2 (built from a config) under
+tests/integrations/job_trainer.py trains a tiny GPT-2 (built from a config) under
 torchrun on 2 ranks (gloo, CPU) with ConveyorTrainer: each rank trains on
 its own share, loaded by conveyor, and a run resumed from a checkpoint in
 the middle of an epoch trains on the same next batches, with the same

@@ -1,11 +1,11 @@
-"""transformers.Trainer through conveyor, run by tests/test_transformers.py
+"""transformers.Trainer through conveyor, run by tests/integrations/test_transformers.py
 under torchrun on 2 ranks (gloo, CPU): a tiny GPT-2 built from a config (no
 download) trains 2 epochs without a stop; again, stopping after a
 checkpoint in the middle of epoch 1; and once more, resumed from that
 checkpoint. Each rank writes every micro-batch it trained on (indices,
 tokens, loss) and its loader's stats to ``OUT/rank-<r>.json``.
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/job_trainer.py OUT
+    python -m torch.distributed.run --nproc-per-node 2 tests/integrations/job_trainer.py OUT
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """States saved by an earlier conveyor load and resume exactly in this one.
 
-A user's checkpoint outlives the code that wrote it. ``data/saved_states.json``
+A user's checkpoint outlives the code that wrote it. ``tests/fixtures/saved_states.json``
 holds states written by conveyor before the engine's reshaping (issue 22;
 the file says which commit), each with digests of the batches that commit
 delivered after the save: the rest of the epoch and the next one. Each case
@@ -16,9 +16,9 @@ To write the file again (only when the state's format changes on purpose,
 with a new ``STATE_VERSION``), run this module as a script with the code
 that should write it on ``PYTHONPATH``::
 
-    PYTHONPATH=src python tests/test_saved_states.py --write COMMIT
+    PYTHONPATH=src python tests/state/test_saved_states.py --write COMMIT
 
-``data/saved_states_8361879.json`` holds the same cases as conveyor at
+``tests/fixtures/saved_states_8361879.json`` holds the same cases as conveyor at
 8361879 wrote them, in version 2's first layout, which ``state/_encoding.py``
 brings to today's: they resume to the same batches.
 """
@@ -31,7 +31,7 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))  # (run as a script: the shared helpers)
 
 import conveyor  # noqa: E402
 from conveyor.sampler.fingerprint import is_fingerprint  # noqa: E402
@@ -40,10 +40,10 @@ from resume_helpers import NAMES, make, plain  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "data", "saved_states.json")
+FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "saved_states.json")
 #: The same cases written by conveyor at 8361879, in version 2's first layout
 #: (an iterable's copies in ``worker_progress`` and ``iterator_*``: state/_encoding.py).
-EARLY_FIXTURE = os.path.join(os.path.dirname(__file__), "data", "saved_states_8361879.json")
+EARLY_FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "saved_states_8361879.json")
 
 
 # The datasets below are this file's own, not shared with the resume tests:
@@ -268,5 +268,5 @@ def test_an_edited_early_layout_state_is_refused():
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "--write":
-        sys.exit("usage: PYTHONPATH=src python tests/test_saved_states.py --write COMMIT")
+        sys.exit("usage: PYTHONPATH=src python tests/state/test_saved_states.py --write COMMIT")
     write(sys.argv[2])

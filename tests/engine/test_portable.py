@@ -41,7 +41,7 @@ from toy_datasets import SlowAt1, Squares
 pytestmark = pytest.mark.timeout(60)
 
 METHODS = ["fork", "spawn"]
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(conveyor.__file__)))
 #: A cap on every wait in this module: far beyond need, below the timeout.
 WAIT_CAP_S = 30.0

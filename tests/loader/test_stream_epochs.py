@@ -9,7 +9,7 @@
     a state saved with persistent workers, inside an epoch or between two
         ──▶ the resumed run gives the rest of those same epochs
 
-Ray actors: tests/test_ray_workers.py.
+Ray actors: tests/integrations/test_ray_workers.py.
 """
 
 from __future__ import annotations

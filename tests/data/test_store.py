@@ -3,8 +3,8 @@ S3-compatible server (moto's, started here on 127.0.0.1) through fsspec,
 with latency, failures and dropped connections injected by a proxy in
 front of it: retries with backoff, errors not worth retrying raised at once
 with their batch, a fetch that resumes, a local cache that keeps to its
-size, shards prefetched. (tests/test_store_retry.py and
-tests/test_store_cache.py check retries and the cache without a server.)"""
+size, shards prefetched. (tests/data/test_store_retry.py and
+tests/data/test_store_cache.py check retries and the cache without a server.)"""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ DAMAGES = {
 def without_manifest(folder):
     """A folder of tars and indexes with no manifest and none of a pack's own files (as another tool
     writes it): a data set of its tars. (With plan.json or .tar.json records left it is an unfinished
-    pack, refused: tests/test_unfinished_pack.py.)"""
+    pack, refused: tests/data/test_unfinished_pack.py.)"""
     for name in ["manifest.json", "plan.json", *(p.name for p in folder.glob("*.tar.json"))]:
         (folder / name).unlink(missing_ok=True)
 

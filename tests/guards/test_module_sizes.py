@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "conveyor"
+SRC = Path(__file__).resolve().parents[2] / "src" / "conveyor"
 
 #: The most lines a module of src/conveyor may have.
 MAX_LINES = 400

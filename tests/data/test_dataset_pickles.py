@@ -2,7 +2,7 @@
 
 A pickle names a class by its module, so a dataset a user saved (or a copy
 an older process made for its spawn workers) names the module of its time.
-``data/dataset_pickles_e4eef0e.pkl`` was written by conveyor at e4eef0e,
+``tests/fixtures/dataset_pickles_e4eef0e.pkl`` was written by conveyor at e4eef0e,
 when the datasets were top-level modules (``conveyor.dataset_views.Subset``,
 ``conveyor.sharding.ShardedIterable``, ...), with pickle protocol 2::
 
@@ -27,7 +27,7 @@ import numpy as np
 
 import conveyor
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "data", "dataset_pickles_e4eef0e.pkl")
+FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "dataset_pickles_e4eef0e.pkl")
 
 #: Each class of the file, by the module that held it then.
 FORMER_PATHS = {

@@ -1,5 +1,5 @@
 """A loader reading shards while one of them is changed under it, run as its
-own process by tests/test_shard_changes.py (a SIGBUS kills only this one).
+own process by tests/data/test_shard_changes.py (a SIGBUS kills only this one).
 
     python shard_changes_job.py FOLDER CHANGE KIND ──▶ one JSON line: what the loader raised,
         whether every sample it delivered was whole and the original's, and whether the next
