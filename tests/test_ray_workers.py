@@ -1,5 +1,5 @@
 """DataLoader(worker_method="ray"): the loading workers as Ray actors on a
-local Ray instance (started once for the module, nothing of it left after).
+local Ray instance (the shared one: ray_helpers.py, nothing of it left after).
 
     same seed ──▶ "ray" and "multiprocessing" yield the same batches, bitwise,
                   for 1, 2 and 3 workers, with random augmentations
@@ -29,7 +29,6 @@ import pytest
 
 import conveyor
 from conveyor import DataLoader, RayWorkers, WorkerDiedError
-from ray_helpers import local_ray  # noqa: F401  (a fixture)
 
 pytest.importorskip("ray")
 
