@@ -25,9 +25,9 @@ Datasets shared by several test files live in ``toy_datasets.py``, a plain
 module that spawn workers can import (see there).
 
 The tests of Ray actor workers share one local Ray instance (``local_ray``,
-see ray_helpers.py): they run one after another at the end of the run, in
-one xdist group ("ray") when the run is parallel, and the instance is up
-only while they run.
+see ray_helpers.py): they run one after another first, in one xdist group
+("ray") when the run is parallel (its longest part, started at once), and
+the instance is up only while they run.
 """
 
 from __future__ import annotations
@@ -65,13 +65,13 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # (before xdist reads the groups)
 def pytest_collection_modifyitems(config, items):
-    """The tests of the shared Ray instance last, in their order, and in one
+    """The tests of the shared Ray instance first, in their order, and in one
     xdist group: one instance for all of them."""
     uses_ray = [item for item in items if ray_helpers.needs_local_ray(item)]
     for item in uses_ray:
         item.add_marker(pytest.mark.xdist_group("ray"))
     if uses_ray:
-        items[:] = [item for item in items if not ray_helpers.needs_local_ray(item)] + uses_ray
+        items[:] = uses_ray + [item for item in items if not ray_helpers.needs_local_ray(item)]
 
 
 @pytest.hookimpl(wrapper=True)

@@ -8,7 +8,7 @@ It is started before the first such test takes its snapshot of what runs
 next test does not need it: every other test runs with no Ray of this
 process up (the cluster and lifetime tests check that none of Ray's
 processes is theirs). conftest.py runs the tests that need it one after
-another, last, so that a whole run starts it once.
+another, first, so that a whole run starts it once.
 
 Its CPUs are declared, not this machine's: three workers of one CPU each
 fit on a two-core machine (they wait on the cores as processes would).
