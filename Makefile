@@ -17,13 +17,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m conveyor.cli demo
 
-# The lint and format check first (seconds; [tool.ruff] in pyproject.toml), then the suite.
+# The lint and format check first (seconds; [tool.ruff] in pyproject.toml), then the suite: on two
+# workers (pytest-xdist; the tests of Ray in one group, on one worker: tests/conftest.py), then the
+# tests marked serial (they load or measure the whole machine) alone. Both passes run; either failing fails.
 LINTED := src tests bench examples
 
 test: $(STAMP)
 	$(PY) -m ruff check $(LINTED)
 	$(PY) -m ruff format --check $(LINTED)
-	$(PY) -m pytest -q
+	status=0; \
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not serial" || status=$$?; \
+	$(PY) -m pytest -q -m serial || status=$$?; \
+	exit $$status
 
 # The suite under coverage.py, workers included (see [tool.coverage.run] in
 # pyproject.toml); the report is printed even when a test fails.

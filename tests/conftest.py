@@ -23,6 +23,11 @@ cleaned up, never failed.
 
 Datasets shared by several test files live in ``toy_datasets.py``, a plain
 module that spawn workers can import (see there).
+
+The tests of Ray actor workers share one local Ray instance (``local_ray``,
+see ray_helpers.py): they run one after another first, in one xdist group
+("ray") when the run is parallel (its longest part, started at once), and
+the instance is up only while they run.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from multiprocessing import forkserver, resource_tracker
 import pytest
 
 import procutil
+import ray_helpers
 from conveyor._engine.workers import starter
 
 #: How long leftovers get to go away after a test (workers exiting, pipes
@@ -52,6 +58,36 @@ def pytest_configure(config):
         "leaks_known(reason): the test leaves something behind because of a known engine bug "
         "(say which); leave_nothing_behind reports it without failing the test",
     )
+    config.addinivalue_line(
+        "markers", "local_ray: the test uses the shared local Ray instance (ray_helpers.py) without naming its fixture"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # (before xdist reads the groups)
+def pytest_collection_modifyitems(config, items):
+    """The tests of the shared Ray instance first, in their order, and in one
+    xdist group: one instance for all of them."""
+    uses_ray = [item for item in items if ray_helpers.needs_local_ray(item)]
+    for item in uses_ray:
+        item.add_marker(pytest.mark.xdist_group("ray"))
+    if uses_ray:
+        items[:] = uses_ray + [item for item in items if not ray_helpers.needs_local_ray(item)]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test's own teardown: the shared Ray instance stopped when the
+    next test does not use it (none runs beside a test that does not)."""
+    try:
+        return (yield)
+    finally:
+        if nextitem is None or not ray_helpers.needs_local_ray(nextitem):
+            ray_helpers.SHARED.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if ray_helpers.SHARED.starts:
+        terminalreporter.write_line(f"local Ray instances started: {ray_helpers.SHARED.starts}")
 
 
 class KnownLeakWarning(UserWarning):
@@ -193,8 +229,18 @@ def ctrl_c_raises():
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.fixture
+def local_ray():
+    """``ray`` connected to the shared local instance (ray_helpers.SHARED),
+    which ``leave_nothing_behind`` has started before its snapshot."""
+    return ray_helpers.SHARED.start()
+
+
 @pytest.fixture(autouse=True)
 def leave_nothing_behind(request, multiprocessing_servers):
+    if ray_helpers.needs_local_ray(request.node):
+        pytest.importorskip("ray")
+        ray_helpers.SHARED.start()  # (Ray's own servers are no test's leftovers)
     before, failed_before = snapshot(), request.session.testsfailed
     yield
     if request.session.testsfailed != failed_before:

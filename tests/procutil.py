@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 #: How often to look again while waiting for processes to go.
 POLL_S = 0.02
@@ -135,6 +135,15 @@ def wait_until_gone(pids: Iterable[int], timeout_s: float = 5.0) -> list[int]:
         time.sleep(POLL_S)
         left = running(left)
     return left
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` every ``POLL_S`` until it holds; AssertionError
+    naming ``what`` if it still does not after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        time.sleep(POLL_S)
 
 
 #: multiprocessing starts these helpers once per process and keeps them; they

@@ -1082,6 +1082,7 @@ def cpu_load():
             p.wait()
 
 
+@pytest.mark.serial  # (two busy loops for two cores: the load it means, not another test's beside)
 @pytest.mark.parametrize("method", METHODS)
 def test_a_failing_worker_init_fn_is_reported_as_itself_even_under_cpu_load(cpu_load, method):
     """worker_init_fn raises in every worker, with two busy loops competing

@@ -38,7 +38,6 @@ from conveyor._engine.workers.protocol import EXITED
 from conveyor._engine.workers.ray_actors import RayActorWorkers
 from conveyor._engine.workers.threads import ThreadWorkers
 from conveyor.ray_options import RayWorkers
-from ray_helpers import local_ray  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,14 +74,6 @@ except ImportError:  # (pip install conveyor[ray]: without it, Ray's turn is ski
     del IMPLEMENTATIONS["ray actors"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_for_the_module(request):
-    """The local Ray instance, up before the first test takes its snapshot
-    of what runs (so that Ray's own servers are no test's leftovers)."""
-    if "ray actors" in IMPLEMENTATIONS:
-        request.getfixturevalue("local_ray")
-
-
 def config_maker(num_workers: int, place: Place):
     collate_into, to_torch = collate_route(conveyor.default_collate)
     spec = FetchSpec(
@@ -112,7 +103,13 @@ def config_maker(num_workers: int, place: Place):
     return make
 
 
-@pytest.fixture(params=list(IMPLEMENTATIONS))
+# Ray's turn uses the shared local instance (ray_helpers.py: up before the
+# test takes its snapshot of what runs, so Ray's own servers are no test's leftovers).
+@pytest.fixture(
+    params=[
+        pytest.param(name, marks=pytest.mark.local_ray) if name == "ray actors" else name for name in IMPLEMENTATIONS
+    ]
+)
 def workers(request):
     """A started ``Workers`` (2 workers; 1 inline), each Ready; stopped afterwards."""
     before = procutil.pids()

@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent(
             json.dump(result, f)
 
     out = sys.argv[1]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # (see ray_helpers.py)
     try:
         TorchTrainer(
             train_loop, train_loop_config={"out": out}, scaling_config=ScalingConfig(num_workers=2, use_gpu=False),

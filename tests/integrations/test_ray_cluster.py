@@ -8,9 +8,11 @@ A CPU node is removed mid-epoch:
                        epoch completes with the batches of local processes,
                        each counted in stats().nodes under the node that loaded it
 
-Each scenario runs in a script of its own (the Ray driver keeps descriptors
-and threads after ray.shutdown(), which would count as this process's
-leftovers); the test checks that no Ray process outlives it.
+Both scenarios run on one cluster, in one script (the Ray driver keeps
+descriptors and threads after ray.shutdown(), which would count as this
+process's leftovers), started once for the module; the fixture checks that
+no Ray process outlives it. The second scenario needs no fresh cluster,
+only two CPU nodes again: a node replaces the one the first removed.
 """
 
 from __future__ import annotations
@@ -21,15 +23,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from ray_helpers import ray_processes
 
 pytest.importorskip("ray.cluster_utils")
-
-TESTS = Path(__file__).resolve().parent
 
 SCRIPT = textwrap.dedent(
     """
@@ -52,17 +51,11 @@ SCRIPT = textwrap.dedent(
     def rows(batches):
         return [np.asarray(batch).tobytes().hex() for batch in batches]
 
-    scenario, out = sys.argv[1], sys.argv[2]
-    kwargs = dict(batch_size=4, shuffle=True, seed=7, num_workers=2)
-    expected = rows(DataLoader(Slow(), **kwargs))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0}, connect=False)
-    result = {}
-    try:
-        nodes = [cluster.add_node(num_cpus=2, resources={"loader": 2}) for _ in range(2)]
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        cluster.wait_for_nodes()
+    def scenario(name, cluster, nodes):
+        # An epoch over two CPU nodes, nodes[1] removed after three batches.
+        result = {}
         options = RayWorkers(resources={"loader": 1}, scheduling_strategy="SPREAD",
-                             restart_lost=2 if scenario == "restart" else 0)
+                             restart_lost=2 if name == "restart" else 0)
         loader = DataLoader(Slow(), worker_method=options, **kwargs)
         it = iter(loader)
         got = [next(it) for _ in range(3)]
@@ -78,26 +71,39 @@ SCRIPT = textwrap.dedent(
         result["same"] = rows(got) == expected
         result["batches"] = len(got)
         result["nodes"] = {node.node: node.batches for node in loader.stats().nodes}
+        return result
+
+    out = sys.argv[1]
+    kwargs = dict(batch_size=4, shuffle=True, seed=7, num_workers=2)
+    expected = rows(DataLoader(Slow(), **kwargs))
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0}, connect=False)
+    results = {}
+    try:
+        nodes = [cluster.add_node(num_cpus=2, resources={"loader": 2}) for _ in range(2)]
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        cluster.wait_for_nodes()
+        results["report"] = scenario("report", cluster, nodes)
+        nodes = [nodes[0], cluster.add_node(num_cpus=2, resources={"loader": 2})]  # (two CPU nodes again)
+        cluster.wait_for_nodes()
+        results["restart"] = scenario("restart", cluster, nodes)
     finally:
         ray.shutdown()
         cluster.shutdown()
         with open(out, "w") as f:
-            json.dump(result, f)
+            json.dump(results, f)
     """
 )
 
 
-def run(scenario: str, tmp_path) -> dict:
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+    """{scenario: what it saw}, from one run of the script on one cluster."""
+    tmp_path = tmp_path_factory.mktemp("cluster")
     script, out = tmp_path / "job.py", tmp_path / "result.json"
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "RAY_AUTH_MODE": "disabled"}
     done = subprocess.run(
-        [sys.executable, str(script), scenario, str(out)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=540,
+        [sys.executable, str(script), str(out)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     deadline = time.monotonic() + 30.0
@@ -107,18 +113,19 @@ def run(scenario: str, tmp_path) -> dict:
     return json.loads(out.read_text())
 
 
-# Generous: three nodes and their actors start in 10-60 s on a loaded two-core machine; never asserted.
+# Generous: three nodes and their actors start in 10-60 s on a loaded two-core machine, and the
+# first test waits for both scenarios; never asserted.
 @pytest.mark.timeout(600)
-def test_a_node_lost_mid_epoch_is_reported_naming_worker_node_and_batch(tmp_path):
-    result = run("report", tmp_path)
+def test_a_node_lost_mid_epoch_is_reported_naming_worker_node_and_batch(results):
+    result = results["report"]
     text = result.get("error", "")
     assert "was lost" in text and "on node" in text and result["removed"] in text, result
     assert "loading batch" in text and "sample indices" in text, text
 
 
 @pytest.mark.timeout(600)
-def test_with_restart_lost_a_node_lost_mid_epoch_changes_no_batch(tmp_path):
-    result = run("restart", tmp_path)
+def test_with_restart_lost_a_node_lost_mid_epoch_changes_no_batch(results):
+    result = results["restart"]
     assert "error" not in result, result["error"]
     assert result["same"] and result["batches"] == 12, result
     assert len(result["nodes"]) == 2 and sum(result["nodes"].values()) == 12, result  # (each batch where it was loaded)

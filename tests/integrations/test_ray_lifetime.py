@@ -65,7 +65,9 @@ def session_processes(sid: int) -> list[int]:
 def test_a_ray_conveyor_started_leaves_nothing_once_the_script_ends(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    env = procutil.script_env(PYTHONWARNINGS="ignore", RAY_AUTH_MODE="disabled")
+    # RAY_ADDRESS=local: conveyor's ray.init() starts a Ray of its own, even while a ray.cluster_utils.Cluster
+    # of another run on this machine has written its address where a plain ray.init() would look.
+    env = procutil.script_env(PYTHONWARNINGS="ignore", RAY_AUTH_MODE="disabled", RAY_ADDRESS="local")
     # stderr goes to a file, not a pipe: a process left behind would hold a
     # pipe open and make reading it hang instead of failing the test.
     with open(tmp_path / "stderr.txt", "w") as stderr_file:

@@ -1,5 +1,5 @@
 """DataLoader(worker_method="ray"): the loading workers as Ray actors on a
-local Ray instance (started once for the module, nothing of it left after).
+local Ray instance (the shared one: ray_helpers.py, nothing of it left after).
 
     same seed ──▶ "ray" and "multiprocessing" yield the same batches, bitwise,
                   for 1, 2 and 3 workers, with random augmentations
@@ -23,13 +23,14 @@ import os
 import random
 import re
 import signal
+from functools import partial
 
 import numpy as np
 import pytest
 
 import conveyor
+import procutil
 from conveyor import DataLoader, RayWorkers, WorkerDiedError
-from ray_helpers import local_ray  # noqa: F401  (a fixture)
 
 pytest.importorskip("ray")
 
@@ -94,6 +95,11 @@ class Stuck(conveyor.Dataset):
 
             time.sleep(600)
         return i
+
+
+def touch(path: str, worker_id: int) -> None:
+    """A worker_init_fn (with functools.partial): the file ``path`` says the worker has started."""
+    open(path, "w").close()
 
 
 def rows(loader) -> list[tuple]:
@@ -223,13 +229,23 @@ def test_an_iterable_dataset_yields_what_worker_processes_yield():
     assert [batch.tolist() for batch in DataLoader(stream, worker_method="ray", **kwargs)] == expected
 
 
-def test_timeout_makes_a_late_batch_an_error_naming_it():
-    # (timeout counts the actor's start too, as torch's counts a worker's: 60 s leaves room for Ray
-    # starting an actor on a busy two-core machine, and the late sample takes far longer)
-    loader = DataLoader(Stuck(), batch_size=2, num_workers=1, worker_method="ray", timeout=60)
+def test_timeout_makes_a_late_batch_an_error_naming_it(tmp_path):
+    # (timeout counts the actor's start too, as torch's counts a worker's: the first next() waits
+    # until the actor has run its worker_init_fn, so that the timeout has only batches to wait for;
+    # 10 s leaves room for a busy two-core machine, and the late sample takes far longer)
+    started = tmp_path / "started"
+    loader = DataLoader(
+        Stuck(),
+        batch_size=2,
+        num_workers=1,
+        worker_method="ray",
+        timeout=10,
+        worker_init_fn=partial(touch, str(started)),
+    )
     it = iter(loader)
+    procutil.wait_for(started.exists, 120.0, "the actor's worker_init_fn")
     assert [next(it).tolist() for _ in range(2)] == [[0, 1], [2, 3]]
-    with pytest.raises(RuntimeError, match=r"timed out after 60 seconds") as late:
+    with pytest.raises(RuntimeError, match=r"timed out after 10 seconds") as late:
         next(it)
     assert "batch 2" in str(late.value) and "[4, 5]" in str(late.value)
 

@@ -30,7 +30,6 @@ from conveyor._engine.workers import nodes
 from conveyor.stats import StatsRecorder
 from conveyor.stats.table import MAX_WORKER_LINES
 from conveyor.stats.workers import LOCAL
-from ray_helpers import local_ray  # noqa: F401  (a fixture)
 
 
 class Slow(conveyor.Dataset):

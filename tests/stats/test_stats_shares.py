@@ -107,6 +107,7 @@ def test_sleeping_loading_spends_less_of_its_time_on_a_cpu_than_spinning(num_wor
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.serial  # (the machine's cores measured: another test's load would count as the burners')
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="waiting for a core is measured on Linux")
 def test_cpu_burners_beside_make_spinning_loading_wait_for_a_core():
     alone = _run(Spinning(160, 0.004))
