@@ -61,6 +61,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "local_ray: the test uses the shared local Ray instance (ray_helpers.py) without naming its fixture"
     )
+    config.addinivalue_line(
+        "markers", "serial: the test needs the machine to itself; make test runs it alone, after the parallel pass"
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # (before xdist reads the groups)
