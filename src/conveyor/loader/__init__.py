@@ -20,7 +20,24 @@
 * ``_stats_methods``  ``stats``, ``on_stats`` and ``trace``, mixed into the DataLoader
 """
 
+import sys
+
 from ..sampler.samplers import _InfiniteConstantSampler as _InfiniteConstantSampler  # (where torch's dataloader has it)
+from . import _arguments, _dataloader, _dataset_epoch, _first_draw, _iteration, _plan
 from ._dataloader import DataLoader
+
+#: The modules' names before this package: a pickle names a class by its module
+#: (``conveyor.persistent.PersistentWorkers``), so a loader pickled then loads through these aliases.
+_FORMER_NAMES = {
+    "conveyor.arguments": _arguments,
+    "conveyor.plan": _plan,
+    "conveyor.loader_plan": _plan,
+    "conveyor.iteration": _iteration,
+    "conveyor.persistent": _dataloader,
+    "conveyor.first_draw": _first_draw,
+    "conveyor.dataset_epoch": _dataset_epoch,
+}
+for _name, _module in _FORMER_NAMES.items():
+    sys.modules.setdefault(_name, _module)
 
 __all__ = ["DataLoader"]

@@ -18,6 +18,10 @@ Public: ``Stateful`` (also ``conveyor.Stateful``). The rest is the loader's
 machinery, named here for the loader and the tests.
 """
 
+import sys as _sys
+
+from . import _apply, _checks, _encoding, _progress, _records, _stateful
+
 # The names marked F401 are not in __all__: the module conveyor/state.py that
 # this package replaced exposed them, and they keep working from here.
 from ._apply import apply_parts, generator_state, undone_on_failure, warn_fast_forward  # noqa: F401
@@ -27,5 +31,19 @@ from ._records import Copies, LoaderState, ReplayPoint  # noqa: F401
 from ._stateful import Stateful, is_stateful  # noqa: F401
 from ._tracker import ResumeTracker
 from ._view import LoaderView, settings  # noqa: F401
+
+#: The modules' names before this package: a pickle names a class by its module
+#: (``conveyor.epoch_progress.EpochProgress``), so a loader pickled then loads through these aliases.
+_FORMER_NAMES = {
+    "conveyor.epoch_progress": _progress,
+    "conveyor.state_records": _records,
+    "conveyor.state_apply": _apply,
+    "conveyor.state_checks": _checks,
+    "conveyor.state_format": _encoding,
+    "conveyor.state_upgrade": _encoding,
+    "conveyor.stateful": _stateful,
+}
+for _name, _module in _FORMER_NAMES.items():
+    _sys.modules.setdefault(_name, _module)
 
 __all__ = ["Stateful", "STATE_VERSION", "ResumeTracker", "LoaderView", "EpochProgress", "ResumePoint", "Start"]
