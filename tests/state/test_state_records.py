@@ -55,8 +55,8 @@ REPLAYED = (lambda: conveyor.DataLoader(list(range(8)), batch_sampler=Pairs()), 
 SCENARIOS = {**SCENARIOS, "map, replayed batch sampler": REPLAYED}
 
 
-def view_of(loader):
-    return loader._state_view()
+def plan_of(loader):
+    return loader._plan()
 
 
 def canonical(state):
@@ -89,7 +89,7 @@ REMOVED = object()
 def test_every_state_an_earlier_conveyor_saved_decodes_and_encodes_back_key_for_key(key):
     saved = load_fixture()["cases"][key]
     state = saved["state"]
-    decoded = LoaderState.from_dict(state, view_of(build(saved, other=True)))
+    decoded = LoaderState.from_dict(state, plan_of(build(saved, other=True)))
     again = decoded.to_dict()
     assert sorted(again) == sorted(state)
     for name in state:
@@ -102,9 +102,9 @@ def test_every_state_an_earlier_conveyor_saved_decodes_and_encodes_back_key_for_
 def test_every_state_this_conveyor_saves_round_trips(scenario):
     make, take, _ = SCENARIOS[scenario]
     state = saved_state(make, take)
-    decoded = LoaderState.from_dict(state, view_of(make()))
+    decoded = LoaderState.from_dict(state, plan_of(make()))
     assert decoded.to_dict() == state
-    assert LoaderState.from_dict(decoded.to_dict(), view_of(make())) == decoded
+    assert LoaderState.from_dict(decoded.to_dict(), plan_of(make())) == decoded
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -112,7 +112,7 @@ def test_a_pass_and_a_state_saved_inside_its_epoch_convert_by_one_pair(scenario)
     """EpochProgress.from_state and to_state are inverses: the pass a state
     resumes saves, before it moves, the state it was loaded from."""
     make, take, _ = SCENARIOS[scenario]
-    decoded = LoaderState.from_dict(saved_state(make, take), view_of(make()))
+    decoded = LoaderState.from_dict(saved_state(make, take), plan_of(make()))
     if not decoded.in_epoch:
         pytest.skip("saved between epochs: no pass to resume")
     progress = EpochProgress.from_state(decoded)
@@ -127,18 +127,18 @@ def test_a_state_holds_exactly_the_keys_of_the_format():
     make, take, _ = SCENARIOS["map, skipped samples"]
     state = saved_state(make, take)
     assert set(state) == {"version", "kind", "checksum", "skipped", *KEYS}
-    decoded = LoaderState.from_dict(state, view_of(make()))
+    decoded = LoaderState.from_dict(state, plan_of(make()))
     assert decoded.skipped and all(isinstance(record, SkippedSample) for record in decoded.skipped)
 
 
 def test_the_parts_decode_into_their_records():
     make, take, _ = SCENARIOS["iterable, threads"]
-    decoded = LoaderState.from_dict(saved_state(make, take), view_of(make()))
+    decoded = LoaderState.from_dict(saved_state(make, take), plan_of(make()))
     assert isinstance(decoded.copies, Copies) and len(decoded.copies.states) == 2
     assert all(isinstance(state, CopyState) for state in decoded.copies.states)
     assert decoded.copies.next_turn in (0, 1)
     make, take, _ = REPLAYED  # (a sampler that cannot jump: replayed from its generator)
-    decoded = LoaderState.from_dict(saved_state(make, take), view_of(make()))
+    decoded = LoaderState.from_dict(saved_state(make, take), plan_of(make()))
     assert decoded.replay is not None and decoded.replay.kind == "generator" and decoded.first_batch is not None
     assert decoded.sampler is None
 
@@ -181,7 +181,7 @@ def test_every_field_is_refused_naming_its_key_or_decoded_as_it_is(scenario):
     make, take, _ = SCENARIOS[scenario]
     state = saved_state(make, take)
     loader = make()
-    view, before = view_of(loader), loader.state_dict()
+    view, before = plan_of(loader), loader.state_dict()
     # (what lies inside a dataset's or an iterator's own state is theirs to check, when the copy starts)
     paths = [p for p in _paths(state) if p and p != ("checksum",) and not _inside_user_part(p)]
     failures = []
@@ -249,13 +249,13 @@ def test_each_key_is_refused_with_its_name(scenario, path, value, key):
     else:
         state = resealed(state, path, value)
     with pytest.raises(ValueError, match=r"DataLoader\.load_state_dict") as refused:
-        LoaderState.from_dict(state, view_of(make()))
+        LoaderState.from_dict(state, plan_of(make()))
     assert key in str(refused.value), str(refused.value)
 
 
 def test_what_is_not_a_dict_is_refused_with_a_type_error():
     with pytest.raises(TypeError, match="DataLoader.load_state_dict expects the dict"):
-        LoaderState.from_dict([1, 2], view_of(conveyor.DataLoader(list(range(4)))))
+        LoaderState.from_dict([1, 2], plan_of(conveyor.DataLoader(list(range(4)))))
 
 
 # ---------------------------------------------------------------- sub-records
@@ -310,6 +310,6 @@ def test_a_replay_point_round_trips_however_deep():
 def test_a_replay_point_decodes_against_the_loaders_sampler():
     make, take, _ = REPLAYED
     state = saved_state(make, take)
-    decoded = LoaderState.from_dict(state, view_of(make()))
-    assert ReplayPoint.from_dict(state["replay"], view_of(make())) == decoded.replay
+    decoded = LoaderState.from_dict(state, plan_of(make()))
+    assert ReplayPoint.from_dict(state["replay"], plan_of(make())) == decoded.replay
     assert decoded.replay is not None and decoded.replay.to_dict() == state["replay"]

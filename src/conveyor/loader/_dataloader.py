@@ -294,7 +294,7 @@ class DataLoader(StateMethods, StatsMethods, Generic[T_co]):
             plan = dataclasses.replace(plan, delivering=delivering)
         wired = PassBatches(plan.sampling.index_sampler, plan.sampling.sampler_text)  # (before the pass is published)
         # (the base seed is drawn before the sampler draws, as torch)
-        start = self._tracker.begin(_state.LoaderView.of(plan), wired)
+        start = self._tracker.begin(plan, wired)
         executor, owned = self._executor_for(plan, start.base_seed)
         epoch = self._dataset_epoch.now(self.dataset)  # (the dataset's, for the workers' copies)
         assert wired.batches is not None  # (made by begin)

@@ -1,7 +1,7 @@
 """The DataLoader's resumable state: ``state_dict()`` and ``load_state_dict()``,
 kept by its ResumeTracker (conveyor.state) over a view of its plan.
 
-    loader.state_dict() ──▶ ResumeTracker.save(LoaderView of the plan) ──▶ a small versioned dict
+    loader.state_dict() ──▶ ResumeTracker.save(the loader's plan) ──▶ a small versioned dict
     loader.load_state_dict(state) ──▶ ResumeTracker.load(view, state): checked, then held
                                       for the next iter() (ResumeTracker.begin)
 """
@@ -23,8 +23,6 @@ class _Resumable(Protocol):
     _tracker: _state.ResumeTracker
 
     def _plan(self) -> Plan: ...
-
-    def _state_view(self) -> _state.LoaderView: ...
 
 
 class StateMethods:
@@ -51,7 +49,7 @@ class StateMethods:
             >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
             True
         """
-        return self._tracker.save(self._state_view())
+        return self._tracker.save(self._plan())
 
     def load_state_dict(self: _Resumable, state_dict: Mapping[str, Any]) -> None:
         """Continue from ``state_dict`` (from :meth:`state_dict`) at the next ``iter(self)``.
@@ -65,7 +63,7 @@ class StateMethods:
         when the state does not fit this loader or was changed after saving;
         then nothing has changed. ``{}`` loads nothing, as in torchdata.
         """
-        self._tracker.load(self._state_view(), state_dict)
+        self._tracker.load(self._plan(), state_dict)
 
     def resumes_at(self: _Resumable) -> Optional[tuple[int, int]]:
         """``(epoch, batches)``: where the next ``iter(self)`` resumes the
@@ -73,7 +71,3 @@ class StateMethods:
         ``batches`` batches are not loaded again); None when it starts an
         epoch from its first batch."""
         return self._tracker.resumes_at()
-
-    def _state_view(self: _Resumable) -> _state.LoaderView:
-        """What the resumable state needs to know of this loader."""
-        return _state.LoaderView.of(self._plan())

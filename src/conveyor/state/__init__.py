@@ -2,7 +2,7 @@
 
 ::
 
-    DataLoader ──LoaderView──▶ ResumeTracker ──save──▶ LoaderState ──to_dict()──▶ {version, kind, ..., checksum}
+    DataLoader ──its Plan────▶ ResumeTracker ──save──▶ LoaderState ──to_dict()──▶ {version, kind, ..., checksum}
                                              ◀─load── LoaderState.from_dict (upgraded, then checked) ◀── dict
 
 * ``_tracker``   ``ResumeTracker``: the epoch count, the latest iteration's progress, a loaded resume point
@@ -11,7 +11,7 @@
 * ``_encoding``  the layout: version, keys, checksum, and the upgrade of earlier layouts
 * ``_checks``    every check a state passes before anything of it is loaded (header, settings, fields)
 * ``_apply``     loading a checked state into the sampler, the generator and the dataset, undone on failure
-* ``_view``      ``LoaderView``: what the state knows of a loader; the settings a state records
+* ``_settings``  what the state reads of a loader's plan: the settings a state records, its generator
 * ``_stateful``  the ``Stateful`` protocol (``state_dict`` / ``load_state_dict``)
 
 Public: ``Stateful`` (also ``conveyor.Stateful``). The rest is the loader's
@@ -28,9 +28,9 @@ from ._apply import apply_parts, generator_state, undone_on_failure, warn_fast_f
 from ._encoding import STATE_VERSION, upgrade  # noqa: F401
 from ._progress import EpochProgress, ResumePoint, Start, positioned  # noqa: F401
 from ._records import Copies, LoaderState, ReplayPoint  # noqa: F401
+from ._settings import settings  # noqa: F401
 from ._stateful import Stateful, is_stateful  # noqa: F401
 from ._tracker import ResumeTracker
-from ._view import LoaderView, settings  # noqa: F401
 
 #: The modules' names before this package: a pickle names a class by its module
 #: (``conveyor.epoch_progress.EpochProgress``), so a loader pickled then loads through these aliases.
@@ -46,4 +46,4 @@ _FORMER_NAMES = {
 for _name, _module in _FORMER_NAMES.items():
     _sys.modules.setdefault(_name, _module)
 
-__all__ = ["Stateful", "STATE_VERSION", "ResumeTracker", "LoaderView", "EpochProgress", "ResumePoint", "Start"]
+__all__ = ["Stateful", "STATE_VERSION", "ResumeTracker", "EpochProgress", "ResumePoint", "Start"]

@@ -11,7 +11,7 @@ decoded). What the checks cover:
     header                            a DataLoader state of this version (the torchdata layout
                                       named), every key, its checksum (_encoding.check_checksum,
                                       the seal's check, which the upgrade of an old layout runs too)
-    settings                          the loader's (_view.settings); a mismatch shows
+    settings                          the loader's (_settings.settings); a mismatch shows
                                       both sides and the fix (mismatch_error)
     epoch, position, base_seed,       ints in range; batches delivered ahead after the position;
     delivered_ahead                   with seed=, the base seed derived from it
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .._engine.loading.copies import COPIES_KEYS, COPY_KEYS
 from ..rng import derive_seed
@@ -43,7 +43,10 @@ from ..sampler.replay import fingerprint_problem, replay_point_problem
 from ..sampler.resumable import _has_position, mismatch_error
 from ..skips import SkippedSample
 from ._encoding import KEYS, KIND, STATE_VERSION, check_checksum
-from ._view import LoaderView, settings
+from ._settings import settings
+
+if TYPE_CHECKING:
+    from ..loader._plan import Plan
 
 #: The end of the fix in every refusal.
 _FIX = "pass a dict returned by DataLoader.state_dict() of a loader built the same way"
@@ -105,10 +108,10 @@ def check_header(state: Any) -> None:
     check_checksum(state)
 
 
-def check_settings(view: LoaderView, saved: Any) -> None:
-    """The state's ``settings`` are this loader's (``_view.settings``), or an
+def check_settings(plan: Plan, saved: Any) -> None:
+    """The state's ``settings`` are this loader's (``_settings.settings``), or an
     error showing both sides of each that differs, and the fix."""
-    mine = settings(view)
+    mine = settings(plan)
     if not isinstance(saved, Mapping):
         raise ValueError(f"DataLoader.load_state_dict: the state's settings are not a dict: {saved!r}")
     # A state saved before a torch sampler's arguments were recorded lacks them: accepted (nothing to check them by).
@@ -126,15 +129,15 @@ def check_settings(view: LoaderView, saved: Any) -> None:
         )
 
 
-def check_base_seed(view: LoaderView, epoch: int, in_epoch: bool, base_seed: Any) -> None:
+def check_base_seed(plan: Plan, epoch: int, in_epoch: bool, base_seed: Any) -> None:
     """Inside an epoch, a loader with ``seed=`` derives the base seed from
     it: the state's must be that one."""
-    if in_epoch and view.seed is not None and base_seed != derive_seed(view.seed, epoch):
+    if in_epoch and plan.sampling.seed is not None and base_seed != derive_seed(plan.sampling.seed, epoch):
         raise mismatch_error(
             "DataLoader",
             "the base seed does not follow from seed= and the epoch.",
             {"base_seed": base_seed},
-            {"seed": view.seed},
+            {"seed": plan.sampling.seed},
             LOADER_FIX,
         )
 
@@ -236,20 +239,20 @@ def _same_kind(saved: Any, own: Any) -> bool:
     return True  # (another type: its load_state_dict is the judge)
 
 
-def check_copies(view: Any, saved: Any, delivered: Optional[int]) -> None:
+def check_copies(plan: Plan, saved: Any, delivered: Optional[int]) -> None:
     """The saved copies of an iterable dataset (None: none), checked against
     this loader's worker count and dataset; ``delivered``: the batches the
     state delivered in its epoch (None between epochs)."""
     if saved is None:
         return
-    count = max(1, view.num_workers)
+    count = max(1, plan.running.num_workers)
     if not isinstance(saved, Mapping) or set(saved) != set(COPIES_KEYS):
         *first, last = (repr(key) for key in COPIES_KEYS)
         raise StateError("copies", f"is {saved!r}, where a dict of {', '.join(first)} and {last} belongs")
     states, retired, turn = (saved[key] for key in COPIES_KEYS)
     if not isinstance(states, list) or len(states) != count:
         raise StateError(
-            "copies", f"holds {_count(states)} states, where this loader has {count} (num_workers={view.num_workers})"
+            "copies", f"holds {_count(states)} states, where this loader has {count} (num_workers={count})"
         )
     if (
         not isinstance(retired, list)
@@ -261,7 +264,7 @@ def check_copies(view: Any, saved: Any, delivered: Optional[int]) -> None:
         raise StateError("copies", f"gives the next turn to {turn!r}, where a worker id below {count} belongs")
     served = 0
     for worker, copy in enumerate(states):
-        served += _check_copy(view, copy, f"copies.states[{worker}]")
+        served += _check_copy(plan, copy, f"copies.states[{worker}]")
     if delivered is not None and served > delivered + count:
         # (each delivered batch was served by one copy; a copy that ran out was asked once more)
         raise StateError("copies", f"served {served} batches in all, but the state delivered {delivered}")
@@ -271,7 +274,7 @@ def _count(value: Any) -> str:
     return str(len(value)) if isinstance(value, list) else repr(value)
 
 
-def _check_copy(view: Any, copy: Any, key: str) -> int:
+def _check_copy(plan: Plan, copy: Any, key: str) -> int:
     """One copy's fields; the batches it served."""
     if copy is None:
         return 0
@@ -281,7 +284,7 @@ def _check_copy(view: Any, copy: Any, key: str) -> int:
         raise StateError(f"{key}.iterator_ended", f"is {copy['iterator_ended']!r}, where True or False belongs")
     if not _is_int(copy["served"]):
         raise StateError(f"{key}.served", f"is {copy['served']!r}, where the batches it served (an int >= 0) belong")
-    check_dataset_state(view.dataset, copy["dataset_state"], f"{key}.dataset_state", loads_here=True)
+    check_dataset_state(plan.loading.dataset, copy["dataset_state"], f"{key}.dataset_state", loads_here=True)
     return int(copy["served"])
 
 

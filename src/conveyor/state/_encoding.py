@@ -6,7 +6,7 @@ upgrade of a state an earlier conveyor wrote in another layout.
      replay, first_batch, [skipped], checksum}
 
 * ``settings``: what must be the same in the loader that loads the state
-  (``_view.settings``).
+  (``_settings.settings``).
 * ``copies``: iterable datasets: where each copy stood (one per worker, or
   the one of ``num_workers=0``), as ``_engine.executor.progress.IterableProgress``
   snapshots: ``{"states": [...], "retired": [...], "next": n}``

@@ -90,7 +90,7 @@ class EpochProgress:
 
     def to_state(self, settings: Mapping[str, Any]) -> LoaderState:
         """This pass as a state saved inside its epoch; ``settings``: the
-        loader's (``_view.settings``). An iterable dataset's own state is in
+        loader's (``_settings.settings``). An iterable dataset's own state is in
         its copies, so ``dataset_state`` is None."""
         return LoaderState(
             settings=settings,

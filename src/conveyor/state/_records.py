@@ -3,7 +3,7 @@
 ::
 
     ResumeTracker.save ──▶ LoaderState(...) ──to_dict()──▶ the dict DataLoader.state_dict() returns
-    DataLoader.load_state_dict(dict) ──▶ ResumeTracker.load ──▶ LoaderState.from_dict(dict, view)
+    DataLoader.load_state_dict(dict) ──▶ ResumeTracker.load ──▶ LoaderState.from_dict(dict, plan)
         the header, the settings, every field (_checks.py) ──▶ the typed records
 
 Records (each with ``to_dict()``, and a ``from_dict()`` that checks what it decodes):
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from .._engine.loading.copies import Copies, CopyState
 from ..skips import SkippedSample
@@ -46,7 +46,10 @@ from ._checks import (
     read_skipped,
 )
 from ._encoding import KIND, STATE_VERSION, checksum
-from ._view import LoaderView, generator_source
+from ._settings import generator_source
+
+if TYPE_CHECKING:
+    from ..loader._plan import Plan
 
 __all__ = ["LoaderState", "Copies", "CopyState", "ReplayPoint"]
 
@@ -74,9 +77,9 @@ class ReplayPoint:
         return cls(kind, cls.of(value) if kind == "inner" else value)
 
     @classmethod
-    def from_dict(cls, saved: Any, view: LoaderView) -> Optional["ReplayPoint"]:
+    def from_dict(cls, saved: Any, plan: Plan) -> Optional["ReplayPoint"]:
         """A saved ``replay``, checked against the loader's index sampler."""
-        check_replay(view.index_sampler, saved, view.flavor)
+        check_replay(plan.sampling.index_sampler, saved, plan.sampling.flavor)
         return cls.of(saved)
 
 
@@ -143,23 +146,23 @@ class LoaderState:
         return state
 
     @classmethod
-    def from_dict(cls, state: Any, view: LoaderView) -> "LoaderState":
-        """``state`` decoded, after every check against the loader ``view``
+    def from_dict(cls, state: Any, plan: Plan) -> "LoaderState":
+        """``state`` decoded, after every check against the loader's ``plan``
         shows: the header and checksum, the settings, then each field's type
         and range. A state that does not fit raises a ValueError (TypeError
         for one that is not a dict) naming ``DataLoader.load_state_dict`` and
         the key, before anything changes."""
         check_header(state)
-        check_settings(view, state["settings"])
+        check_settings(plan, state["settings"])
         epoch, in_epoch, base_seed, position, ahead = read_position(state)
-        check_base_seed(view, epoch, in_epoch, base_seed)
-        check_sampler(view.index_sampler, state["sampler"], position, in_epoch, view.iterable)
-        replay = ReplayPoint.from_dict(state["replay"], view)
+        check_base_seed(plan, epoch, in_epoch, base_seed)
+        check_sampler(plan.sampling.index_sampler, state["sampler"], position, in_epoch, plan.iterable)
+        replay = ReplayPoint.from_dict(state["replay"], plan)
         check_fingerprint(state["first_batch"])
-        check_generator(generator_source(view), state["generator_state"])
-        loads_dataset = view.iterable and view.num_workers == 0 and not in_epoch
-        check_dataset_state(view.dataset, state["dataset_state"], "dataset_state", loads_dataset)
-        check_copies(view, state["copies"], position + len(set(ahead)) if in_epoch else None)
+        check_generator(generator_source(plan), state["generator_state"])
+        loads_dataset = plan.iterable and plan.running.num_workers == 0 and not in_epoch
+        check_dataset_state(plan.loading.dataset, state["dataset_state"], "dataset_state", loads_dataset)
+        check_copies(plan, state["copies"], position + len(set(ahead)) if in_epoch else None)
         copies = Copies.of(state["copies"])
         skipped = read_skipped(state["skipped"]) if "skipped" in state else None
         return cls(
