@@ -1,0 +1,162 @@
+"""A keyed permutation of ``[0, n)``, computed per position: an order that is
+never stored.
+
+``KeyedPermutation(n, key)[i]`` is the index at position ``i`` of a
+pseudo-random permutation of ``[0, n)`` chosen by ``key``. Nothing of size
+``n`` is held: a position's index costs a few multiplications, whatever
+``n`` is (up to ``2**64 - 1``), so an epoch over ``10**10`` samples starts
+at once, any position is reached in O(1), and a state needs only the key.
+
+How: a balanced Feistel network over ``2h`` bits, the smallest even width
+with ``2**(2h) >= n`` (so the domain is under ``4n``), whose round function
+is a 64-bit multiply-xorshift mix of the half and the round's key. A Feistel
+network is a bijection of its domain whatever its round function; a value
+that lands at ``n`` or above is mapped again ("cycle walking") until it lands
+below ``n``. The walk stays on the value's cycle, which holds ``i`` itself,
+so it ends, and restricted to ``[0, n)`` the map is again a bijection. The
+expected number of walks is under 4 (the domain is under ``4n``).
+
+Eight rounds: four rounds of a pseudo-random function already make a
+strong pseudo-random permutation (Luby and Rackoff); the others are margin
+against the round function's weaknesses, for the cost of four mixes. The
+quality tests (tests/data/test_permutation.py) check the bijection, the
+uniformity of positions and the independence of neighbours and of keys.
+
+:meth:`take` maps a numpy array of positions at once (uint64 arithmetic,
+which wraps as the mix needs); ``[i]`` maps one position with Python ints.
+Both give the same indices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["KeyedPermutation", "MAX_LENGTH", "ROUNDS"]
+
+#: The largest ``n`` a permutation may have (its positions fit in 64 bits).
+MAX_LENGTH = (1 << 64) - 1
+#: Feistel rounds.
+ROUNDS = 8
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+
+
+def _splitmix(x: int) -> int:
+    x = (x + _GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * _MIX1) & _MASK64
+    x = ((x ^ (x >> 27)) * _MIX2) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _check_length(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"a permutation's length must be an int, got {type(n).__name__}")
+    n = int(n)
+    if not 0 <= n <= MAX_LENGTH:
+        raise ValueError(
+            f"a permutation's length must be in [0, 2**64 - 1], got {n}: positions past 2**64 do not fit in 64 bits"
+        )
+    return n
+
+
+class KeyedPermutation:
+    """A pseudo-random permutation of ``[0, n)`` chosen by ``key`` (an int;
+    two keys give independent permutations), computed per position in O(1)
+    time and memory."""
+
+    __slots__ = ("n", "key", "_half", "_mask", "_keys", "_np_keys")
+
+    def __init__(self, n: int, key: int) -> None:
+        self.n = _check_length(n)
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+            raise TypeError(f"a permutation's key must be an int, got {type(key).__name__}")
+        self.key = int(key) & _MASK64
+        bits = max(1, (self.n - 1).bit_length()) if self.n > 1 else 1
+        self._half = (bits + 1) // 2
+        self._mask = (1 << self._half) - 1
+        keys, state = [], self.key
+        for _ in range(ROUNDS):
+            state = _splitmix(state)
+            keys.append(state)
+        self._keys = tuple(keys)
+        self._np_keys = tuple(np.uint64(k) for k in keys)
+
+    def __len__(self) -> int:
+        # (len() is limited to sys.maxsize; a permutation past it still maps positions)
+        return self.n
+
+    def __repr__(self) -> str:
+        return f"KeyedPermutation(n={self.n}, key={self.key})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KeyedPermutation) and (self.n, self.key) == (other.n, other.key)
+
+    def __hash__(self) -> int:
+        return hash((self.n, self.key))
+
+    def __getstate__(self) -> tuple[int, int]:
+        return self.n, self.key
+
+    def __setstate__(self, state: tuple[int, int]) -> None:
+        self.__init__(*state)  # type: ignore[misc]
+
+    def _feistel(self, x: int) -> int:
+        half, mask = self._half, self._mask
+        left, right = x >> half, x & mask
+        for k in self._keys:
+            f = ((right ^ k) * _MIX1) & _MASK64
+            f = ((f ^ (f >> 29)) * _MIX2) & _MASK64
+            left, right = right, left ^ ((f ^ (f >> 32)) & mask)
+        return (left << half) | right
+
+    def __getitem__(self, position: int) -> int:
+        """The index at ``position`` (negative positions count from the end)."""
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
+            raise TypeError(f"a permutation's positions are ints, got {type(position).__name__}")
+        i = int(position)
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(f"position {position} is outside a permutation of {self.n}")
+        x = self._feistel(i)
+        while x >= self.n:
+            x = self._feistel(x)
+        return x
+
+    def _feistel_array(self, x: np.ndarray) -> np.ndarray:
+        half, mask = np.uint64(self._half), np.uint64(self._mask)
+        m1, m2 = np.uint64(_MIX1), np.uint64(_MIX2)
+        s29, s32 = np.uint64(29), np.uint64(32)
+        left, right = x >> half, x & mask
+        for k in self._np_keys:
+            f = (right ^ k) * m1
+            f = (f ^ (f >> s29)) * m2
+            left, right = right, left ^ ((f ^ (f >> s32)) & mask)
+        return (left << half) | right
+
+    def take(self, positions: Any) -> np.ndarray:
+        """The indices at ``positions`` (an array-like of ints in ``[0, n)``),
+        as uint64 (int64 when ``n`` fits in it)."""
+        x = np.asarray(positions)
+        if x.size and not np.issubdtype(x.dtype, np.integer):
+            raise TypeError(f"a permutation's positions are ints, got an array of {x.dtype}")
+        x = x.astype(np.uint64, copy=True)
+        if x.size and (np.asarray(positions).min() < 0 or int(x.max()) >= self.n):
+            raise IndexError(f"positions outside a permutation of {self.n}")
+        n = np.uint64(self.n) if self.n else np.uint64(0)
+        with np.errstate(over="ignore"):
+            x = self._feistel_array(x)
+            out = x >= n
+            while out.any():
+                x[out] = self._feistel_array(x[out])
+                out = x >= n
+        return x.astype(np.int64) if self.n <= np.iinfo(np.int64).max + 1 else x
+
+    def block(self, start: int, stop: int) -> np.ndarray:
+        """The indices at positions ``start, start + 1, ..., stop - 1``."""
+        return self.take(np.arange(start, stop, dtype=np.uint64))
