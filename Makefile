@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	@# mypy's cache (.mypy_cache) made once with the environment: what it learns of numpy, torch and
+	@# the other dependencies stays valid, so make test's type check (tests/guards/test_types.py)
+	@# checks only conveyor's modules that changed. Its findings are make test's to report.
+	-$(PY) -m mypy > /dev/null
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,4 +1,4 @@
-"""Any number of shards: a data set of 100,000 shards (far more than a
+"""Any number of shards: a data set of 70,000 shards (far more than a
 process may open files, ``ulimit -n 256``, and more than the kernel's
 65,530 maps a process may hold) reads every sample with 0, 2 and 4 workers
 and with threads, and a process's open files and maps stay bounded (the
@@ -21,7 +21,7 @@ from conveyor.shards.records import write_sample
 pytestmark = pytest.mark.timeout(900)
 
 #: Shards of one sample each.
-SHARDS = 100_000
+SHARDS = 70_000
 
 
 def one_sample_shard(k: int) -> bytes:
@@ -77,7 +77,7 @@ READ = textwrap.dedent("""
 """)
 
 
-def test_every_sample_of_100000_shards_reads_under_a_low_open_file_limit(many):
+def test_every_sample_of_70000_shards_reads_under_a_low_open_file_limit(many):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run(
         [sys.executable, "-c", READ, str(many), "0", "2", "4", "threads"],

@@ -30,6 +30,10 @@ from ray_helpers import ray_processes
 
 pytest.importorskip("ray.cluster_utils")
 
+#: Both tests read one run of the cluster (the module's fixture): one xdist worker takes them both,
+#: or each worker that took one would run the cluster again.
+pytestmark = pytest.mark.xdist_group("ray_cluster")
+
 SCRIPT = textwrap.dedent(
     """
     import json, sys, time

@@ -23,6 +23,10 @@ import textwrap
 
 import pytest
 
+#: The tests read the script's reports, one run per start method (the module's fixture): one xdist
+#: worker takes them all, or each worker that took one would run the script again.
+pytestmark = pytest.mark.xdist_group("script_classes")
+
 SCRIPT = textwrap.dedent(
     """
     import collections, dataclasses, json, sys, threading

@@ -25,7 +25,11 @@ from conveyor.shards import ShardDataset
 from epoch_datasets import EpochShuffled, HiddenEpoch, ResumableEpochs, ShuffledSource
 from resume_helpers import json_round_trip
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.xdist_group("stream_epochs"),  # (one worker packs the module's shards once)
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+]
 
 EPOCHS = 3
 WORKERS = {
