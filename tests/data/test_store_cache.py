@@ -211,6 +211,18 @@ def test_the_least_recently_used_entries_go_first(tmp_path):
     assert _cached_bytes(tmp_path / "cache") <= 3 * one + 10
 
 
+def test_a_use_marks_the_entry_used_and_leaves_its_modification_time_to_the_readers(tmp_path):
+    """A process reading a cached shard checks its modification time
+    (shards/files.py); another process's fetch of the same shard must not
+    change it, or the reader would take the copy for one changed under it."""
+    store = local_store(tmp_path)
+    entry = store.fetch("a.bin")
+    os.utime(entry, (1000, 1000))
+    again = local_store(tmp_path)  # (another process's fetch: the copy found in the cache)
+    assert again.fetch("a.bin") == entry
+    assert os.stat(entry).st_mtime == 1000 and os.stat(entry).st_atime > 1000
+
+
 @pytest.mark.timeout(120)
 def test_fetch_streams_a_large_object_with_memory_bounded_by_the_chunk(tmp_path):
     size = 256 << 20

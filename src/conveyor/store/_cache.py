@@ -25,11 +25,11 @@ and fetched again, with a warning naming it; one without a record is
 fetched again.
 
 Room: before and after each download, the ``.part`` files of processes
-that are gone are removed, and the least recently used entries (by mtime;
-a use touches it) with their records, until entries, records and the
-downloads in progress fit ``limit_bytes``; a lock file that a killed
-download left (a few bytes, not counted) is removed once nobody holds it
-(_turns.py). Files with other names are neither counted nor touched. A
+that are gone are removed, and the least recently used entries (by atime,
+which a use sets; readers check a copy by its mtime) with their records,
+until entries, records and the downloads in progress fit ``limit_bytes``;
+a lock file that a killed download left (a few bytes, not counted) is
+removed once nobody holds it (_turns.py). Files with other names are neither counted nor touched. A
 writer is gone when /proc shows no process of its pid and start time, so
 the processes sharing a cache folder must share a pid namespace
 (containers: give each its own ``cache_dir``).
@@ -45,6 +45,7 @@ import re
 import stat
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import BinaryIO, Callable, ContextManager, Optional
 
@@ -193,7 +194,7 @@ class Cache:
             _remove(entry)
             return None
         try:
-            os.utime(entry)  # (recently used: evicted last)
+            os.utime(entry, ns=(time.time_ns(), found.st_mtime_ns))  # (evicted last; mtime kept: readers check it)
         except FileNotFoundError:  # (evicted by another process just now)
             return None
         return entry
@@ -267,7 +268,7 @@ class Cache:
             elif record:
                 records[record.group(1)] = (path, found.st_size)
             elif entry:
-                entries.append((found.st_mtime, path, found.st_size, entry.group(1)))
+                entries.append((found.st_atime, path, found.st_size, entry.group(1)))
                 total += found.st_size
         keys = {key for *_, key in entries}
         for key, (path, size) in list(records.items()):
