@@ -42,7 +42,9 @@ class ShardStarts(Protocol):
 class _Positions(Sequence[int]):
     """Some positions of an epoch's block order (a range, past the epoch's
     end wrapping to its start), as the indices they hold: computed when
-    iterated, never when only measured or sliced."""
+    iterated, never when only measured or sliced, so resume mechanism 1
+    (docs/architecture.md) skips the pieces before a position by their
+    length alone."""
 
     __slots__ = ("order", "positions", "length")
 
