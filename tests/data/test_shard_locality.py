@@ -14,6 +14,7 @@ bench/locality.py measures the bytes downloaded per epoch."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 from collections import defaultdict
@@ -161,6 +162,55 @@ def test_a_sampler_resumes_anywhere_without_computing_the_positions_before(folde
         again = ShardBlockSampler(dataset, K, seed=8)
         again.load_state_dict(state)
         assert list(again) == whole[at:]
+
+
+def rank_loader(dataset, replicas, rank, num_workers=0):
+    sampler = ShardBlockSampler(dataset, shards_per_window=K, seed=9, num_replicas=replicas, rank=rank)
+    return conveyor.DataLoader(dataset, 4, sampler=sampler, num_workers=num_workers, collate_fn=list)
+
+
+@pytest.mark.parametrize("batches, saved_on, loaded_on", [(3, 2, 3), (2, 3, 2), (4, 2, 1), (1, 1, 4)])
+def test_a_state_saved_on_one_number_of_ranks_resumes_on_another(folder, batches, saved_on, loaded_on):
+    dataset = ShardDataset(folder, transform=number)
+    n = len(dataset)
+    consumed, states = [], []
+    for rank in range(saved_on):  # a synchronous job: every rank at the same batch
+        loader = rank_loader(dataset, saved_on, rank)
+        it = iter(loader)
+        consumed += [i for _ in range(batches) for i in next(it)]
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    rest = []
+    for rank in range(loaded_on):  # each new rank loads rank 0's state
+        loader = rank_loader(dataset, loaded_on, rank, num_workers=2 if rank == 0 else 0)
+        loader.load_state_dict(states[0])
+        rest.append([i for batch in loader for i in batch])
+    assert len({len(part) for part in rest}) == 1  # every new rank as many samples
+    seen = consumed + [i for part in rest for i in part]
+    assert set(seen) == set(range(n))  # the rest of the epoch covered...
+    assert 0 <= len(seen) - n < loaded_on  # ...once, but for the padding that evens the new ranks out
+    later = rank_loader(dataset, loaded_on, 0)
+    later.load_state_dict(states[0])
+    list(later)
+    assert len([i for batch in later for i in batch]) == len(later.sampler) == -(-n // loaded_on)  # then whole
+
+
+def test_the_epoch_resumed_on_another_number_of_ranks_saves_and_resumes_again(folder):
+    dataset = ShardDataset(folder, transform=number)
+    states = []
+    for rank in range(2):
+        it = iter(loader := rank_loader(dataset, 2, rank))
+        for _ in range(3):
+            next(it)
+        states.append(loader.state_dict())
+    on_three = rank_loader(dataset, 3, 0)
+    on_three.load_state_dict(states[0])
+    it = iter(on_three)
+    next(it)
+    mid = json.loads(json.dumps(on_three.state_dict()))
+    rest = list(it)
+    again = rank_loader(dataset, 3, 0)
+    again.load_state_dict(mid)
+    assert list(again) == rest  # the same size: exactly where it stood
 
 
 # ------------------------------------------------------------------ the stream

@@ -17,16 +17,16 @@ position (``resumable.py``, resume mechanism 1).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol, Union, overload
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Optional, Protocol, Union, overload
 
 import numpy as np
 
-from .arguments import _check_int
+from .arguments import _check_int, _is_int
 from .block_order import BlockEpoch, ShardBlocks, check_shards_per_window
-from .distributed import _check_rank, _per_replica
+from .distributed import _check_rank, _per_replica, _Span
 from .fingerprint import Crc32Of
-from .resumable import BLOCK_ITEMS, _Resumable
+from .resumable import BLOCK_ITEMS, _Resumable, _state_error
 from .samplers import Sampler
 
 __all__ = ["ShardBlockSampler"]
@@ -46,10 +46,11 @@ class _Positions(Sequence[int]):
     (docs/architecture.md) skips the pieces before a position by their
     length alone."""
 
-    __slots__ = ("order", "positions", "length")
+    __slots__ = ("order", "positions", "base", "length")
 
-    def __init__(self, order: BlockEpoch, positions: range, length: int) -> None:
-        self.order, self.positions, self.length = order, positions, length
+    def __init__(self, order: BlockEpoch, positions: range, base: int, length: int) -> None:
+        # (position p >= base + length stands for base + (p - base) % length: padding from the start)
+        self.order, self.positions, self.base, self.length = order, positions, base, length
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -60,12 +61,12 @@ class _Positions(Sequence[int]):
     def __getitem__(self, item: slice) -> _Positions: ...
     def __getitem__(self, item: Union[int, slice]) -> Union[int, _Positions]:
         if isinstance(item, slice):
-            return _Positions(self.order, self.positions[item], self.length)
-        return int(self.order.indices([self.positions[item] % self.length])[0])
+            return _Positions(self.order, self.positions[item], self.base, self.length)
+        return int(self.order.indices([self.base + (self.positions[item] - self.base) % self.length])[0])
 
     def __iter__(self) -> Iterator[int]:
         wanted = np.arange(self.positions.start, self.positions.stop, self.positions.step, dtype=np.int64)
-        return iter(self.order.indices(wanted % self.length).tolist())
+        return iter(self.order.indices(self.base + (wanted - self.base) % self.length).tolist())
 
 
 class ShardBlockSampler(_Resumable, Sampler[int]):
@@ -93,7 +94,8 @@ class ShardBlockSampler(_Resumable, Sampler[int]):
     rank ``r`` of ``num_replicas`` takes positions ``r, r + R, ...`` of the
     epoch's one order, padded from its start to a multiple of ``R`` (or, with
     ``drop_last``, cut to one), so the ranks of a step read the same window
-    together and together cover the epoch once.
+    together and together cover the epoch once. A state saved mid-epoch
+    loads on another number of ranks (see :meth:`load_state_dict`).
 
     ``dataset`` is a ShardDataset, or any object with ``firsts``: where each
     shard's samples begin in the dataset's numbering, and the total at the
@@ -138,6 +140,12 @@ class ShardBlockSampler(_Resumable, Sampler[int]):
             raise ValueError("ShardBlockSampler: the dataset has no samples")
         self.num_samples = _per_replica(total, self.num_replicas, drop_last)
         self._sizes_crc32 = Crc32Of()
+        #: A state of a job of another size, loaded and waiting: (epoch, its span).
+        self._pending: Optional[tuple[int, _Span]] = None
+        #: The span of the iteration opened last.
+        self._current: Optional[_Span] = None
+        #: Whether the state loaded last came from a job of another size.
+        self.loaded_from_another_size = False
         self._init_progress()
 
     def _settings(self) -> dict[str, Any]:
@@ -151,17 +159,75 @@ class ShardBlockSampler(_Resumable, Sampler[int]):
             "drop_last": self.drop_last,
         }
 
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` at the next ``__iter__`` (see _Resumable).
+
+        A state saved mid-epoch by a job of another size (``num_replicas``)
+        loads too, as DistributedSampler's does: the ranks of a synchronous
+        job stand at the same position and their positions interleave, so
+        together they consumed a prefix of the epoch's one order; this rank
+        gets its share of the rest (padded or cut for this job's size), after
+        as many places as the saved position (so the loader's count of
+        batches goes on from there). The epochs after it are whole."""
+        self._pending = None
+        self.loaded_from_another_size = False
+        saved_replicas = state.get("num_replicas") if isinstance(state, Mapping) else None
+        if _is_int(saved_replicas) and saved_replicas != self.num_replicas and state.get("in_iteration") is True:
+            position, epoch = state.get("position"), state.get("epoch")
+            if not _is_int(position) or position < 0 or not _is_int(epoch):
+                what = "the state's position is malformed."
+                raise _state_error(type(self).__name__, what, {"position": position, "epoch": epoch}, {})
+            before = _Span.of(state.get("rng"))  # (that job's own start, if it had resumed one of another size)
+            consumed = before.consumed + (int(position) - before.offset) * int(saved_replicas)
+            span = _Span(min(consumed, self.blocks.num_samples), int(position))
+            self._pending = (int(epoch), span)
+            self.loaded_from_another_size = True
+            super().load_state_dict({**state, "num_replicas": self.num_replicas, "rng": span.record()})
+            return
+        span = _Span.of(state.get("rng") if isinstance(state, Mapping) else None)
+        if span.consumed and state.get("in_iteration") is True and _is_int(state.get("epoch")):
+            self._pending = (int(state["epoch"]), span)  # (its length decides how far the position may go)
+        super().load_state_dict(state)
+
+    def _span_now(self) -> _Span:
+        """The span of the iteration loaded or running (that of a whole epoch when none)."""
+        if self._pending is not None:
+            return self._pending[1]
+        if self._current is not None and self._cursor is not None and not self._cursor.done:
+            return self._current
+        return _Span(0, 0)
+
+    def _length(self, span: _Span) -> int:
+        """Places in this rank's iteration: those consumed before the span, then its share of the rest."""
+        if not span.consumed:
+            return self.num_samples
+        rest = self.blocks.num_samples - span.consumed
+        return span.offset + (_per_replica(rest, self.num_replicas, self.drop_last) if rest > 0 else 0)
+
     def _max_position(self) -> int:
-        return self.num_samples
+        return self._length(self._span_now())
 
-    def _open(self, epoch: int, record: Any) -> tuple[BlockEpoch, None]:
-        return self.blocks.epoch(epoch), None  # (the order follows from the epoch: nothing to record)
+    def _open(self, epoch: int, record: Any) -> tuple[tuple[BlockEpoch, _Span], Any]:
+        """The epoch's order, and its span (how much of it a job of another
+        size consumed before this one took over; none for a whole epoch),
+        which the state records."""
+        self._pending = None
+        span = self._current = _Span.of(record)
+        return (self.blocks.epoch(epoch), span), span.record()
 
-    def _chunks(self, order: BlockEpoch) -> Iterator[_Positions]:
-        step, total = self.num_replicas, self.blocks.num_samples
-        mine = range(self.rank, self.num_samples * step, step)
+    def _chunks(self, context: tuple[BlockEpoch, _Span]) -> Iterator[Sequence[Any]]:
+        order, span = context
+        if span.consumed:
+            # The places consumed before the job changed size: skipped (a resume starts at or past them).
+            yield range(span.offset)
+        base = span.consumed
+        rest = self.blocks.num_samples - base
+        if rest <= 0:
+            return
+        step = self.num_replicas
+        mine = range(base + self.rank, base + (self._length(span) - span.offset) * step, step)
         for start in range(0, len(mine), BLOCK_ITEMS):
-            yield _Positions(order, mine[start : start + BLOCK_ITEMS], total)
+            yield _Positions(order, mine[start : start + BLOCK_ITEMS], base, rest)
 
     def epoch_order(self, epoch: int) -> BlockEpoch:
         """Epoch ``epoch``'s block order (all ranks'): its shard order, windows and positions."""
@@ -171,7 +237,7 @@ class ShardBlockSampler(_Resumable, Sampler[int]):
         return self._iterate()
 
     def __len__(self) -> int:
-        return self.num_samples
+        return self._length(self._span_now())
 
     def __repr__(self) -> str:
         return (
