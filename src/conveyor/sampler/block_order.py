@@ -25,7 +25,7 @@ int64 per shard (its order and the windows' starts), nothing per sample.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -71,6 +71,7 @@ class ShardBlocks:
         self.shards_per_window = check_shards_per_window(shards_per_window, "ShardBlocks")
         self.seed = int(seed)
         self.shuffle_shards = bool(shuffle_shards)
+        self._last: Optional[BlockEpoch] = None  # (the epoch asked for last: a reader asks for it more than once)
 
     @property
     def num_shards(self) -> int:
@@ -86,7 +87,10 @@ class ShardBlocks:
 
     def epoch(self, epoch: int) -> BlockEpoch:
         """Epoch ``epoch``'s order."""
-        return BlockEpoch(self, int(epoch))
+        last = self._last
+        if last is None or last.epoch != int(epoch):
+            last = self._last = BlockEpoch(self, int(epoch))
+        return last
 
 
 class BlockEpoch:
