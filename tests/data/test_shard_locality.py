@@ -268,6 +268,7 @@ def test_a_windowed_stream_resumes_where_it_stood(folder, num_workers):
     assert head + list(resumed) == full
     reader_states = [copy["iterator_state"] for copy in state["copies"]["states"] if copy["iterator_state"]]
     assert reader_states and all(s["shards_per_window"] == K for s in reader_states)
+    assert all(isinstance(value, int) for s in reader_states for value in s.values())  # (a few integers)
 
 
 def test_a_windowed_streams_state_is_refused_by_a_stream_with_other_windows(folder):
@@ -323,14 +324,16 @@ def test_other_bad_arguments_are_clear_errors(folder):
 
 
 @pytest.mark.leaks_known("fsspec/s3fs keep an IO thread and pooled connections for the life of the process")
-def test_from_a_store_each_shard_is_downloaded_once_per_epoch_by_two_workers(server, tmp_path):
+@pytest.mark.parametrize("read", ["sampler", "stream"])
+def test_from_a_store_each_shard_is_downloaded_once_per_epoch_by_two_workers(server, tmp_path, read):
     pytest.importorskip("s3fs")
     from conveyor.store import Store
     from object_store import BUCKET
 
     local = tmp_path / "local"
     local.mkdir()
-    write_shards(local)
+    sizes = SIZES * 2  # (24 shards)
+    write_shards(local, sizes)
     for name in os.listdir(local):  # (indexes beside the shards: opening the dataset downloads no shard)
         ShardIndex.scan(str(local / name)).save(str(local / name) + ".idx")
     server.latency_s, server.fail, server.drop = 0.0, None, None
@@ -338,16 +341,23 @@ def test_from_a_store_each_shard_is_downloaded_once_per_epoch_by_two_workers(ser
     for name in os.listdir(local):
         store.fs.pipe(store.url(f"locality/{name}"), (local / name).read_bytes())
     tar_bytes = {name: os.path.getsize(local / name) for name in os.listdir(local)}
-    # Room for 2 windows of the largest shards: fewer than half the shards.
-    store.cache_bytes = 2 * K * max(tar_bytes.values())
+    # Room for the windows that batches in flight reach into: 3 of the largest shards' windows (4 batches
+    # of 4 in flight, windows of about 12 samples), 9 of the 24 shards; a stream's 2 workers: a window
+    # and the shard ahead each, and a window to spare, under half.
+    store.cache_bytes = (3 * K if read == "sampler" else 3 * K + 2) * max(tar_bytes.values())
     dataset = ShardDataset("locality", store=store, transform=number, whole_shards=True)
-    sampler = ShardBlockSampler(dataset, shards_per_window=K, seed=1)
-    loader = conveyor.DataLoader(dataset, 4, sampler=sampler, num_workers=2, collate_fn=list)
+    if read == "sampler":
+        sampler = ShardBlockSampler(dataset, shards_per_window=K, seed=1)
+        loader = conveyor.DataLoader(dataset, 4, sampler=sampler, num_workers=2, collate_fn=list)
+    else:
+        stream = dataset.stream(shuffle_shards=True, seed=1, prefetch=1, shards_per_window=K)
+        loader = conveyor.DataLoader(stream, 4, num_workers=2, collate_fn=list)
     # (the empty shard has nothing to read: never downloaded)
-    shards = {f"shard-{k:03d}.tar": tar_bytes[f"shard-{k:03d}.tar"] for k, size in enumerate(SIZES) if size}
+    shards = {f"shard-{k:03d}.tar": tar_bytes[f"shard-{k:03d}.tar"] for k, size in enumerate(sizes) if size}
     for epoch in range(2):
+        loader.set_epoch(epoch)
         server.sent_bytes.clear()
-        assert sorted(i for b in loader for i in b) == list(range(sum(SIZES)))
+        assert sorted(i for b in loader for i in b) == list(range(sum(sizes)))
         sent = {path.rsplit("/", 1)[-1]: n for path, n in server.sent_bytes.items() if path.endswith(".tar")}
         if epoch == 0:  # (an empty cache: each shard downloaded once, whole)
             assert sent == shards

@@ -185,9 +185,12 @@ class ShardDataset:
         return local
 
     def close_shard(self, shard: int) -> None:
-        """Let go of a shard (a stream is done with it): its open file, its local copy."""
+        """Let go of a shard (a stream is done with it): its open file, its
+        local copy (from a store: released, the first to make room in the cache)."""
         local = self._local.pop(shard, None) if self._pid == os.getpid() else None
         self._files.forget(local if local is not None else self.paths[shard])
+        if local is not None and self.store is not None:
+            self.store.release(self.paths[shard])
 
     def raw(self, i: int) -> dict:
         """Sample ``i``'s members as bytes, by extension, with its ``__key__``:

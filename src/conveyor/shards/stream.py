@@ -196,7 +196,7 @@ class ShardReader:
         return {"shards": list(self._shards), "position": self._position, "sample": self._sample}
 
     def load_state_dict(self, state: dict) -> None:
-        check_reader_state(state, self._shards, None)
+        check_reader_state(state, self._shards)
         self._position, self._sample = int(state["position"]), int(state["sample"])
         self._ahead, self._open = [], None
 

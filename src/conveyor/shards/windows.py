@@ -10,9 +10,10 @@ window's samples in its keyed permutation.
                               ShardDataset[i] checks it, decoded and transformed
                           ──▶ leaving a window: its shards let go (their open files, local copies)
 
-The reader saves where it stands: this worker's shards (to check that a
-state fits), the window it is in and the next position in it; a resumed
-reader goes on from the sample after the last one delivered.
+The reader saves where it stands, in a few integers: the fingerprint of
+this worker's shards (their count and CRC-32, to check that a state fits),
+the window it is in and the next position in it; a resumed reader goes on
+from the sample after the last one delivered.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence, Sized
 
 from ..sampler.block_order import BlockEpoch
+from ..sampler.fingerprint import values_crc32
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -77,6 +79,7 @@ class WindowReader:
         self._order = stream.epoch_order()
         self._windows = stream.windows()
         self._shards = stream.shards()
+        self._shards_crc32 = values_crc32(self._shards)
         self._position = 0  # in self._windows
         self._sample = 0  # in that window: the next one to deliver
         self._entered: Optional[int] = None  # the window whose shards are open
@@ -110,10 +113,11 @@ class WindowReader:
         ds = self._dataset
         if self._entered is not None:
             self._leave(self._entered)
-        if ds.store is not None:
-            at = self._shards.index(int(self._order.window_shards(window)[0]))
+        if ds.store is not None:  # (this worker's shards: its windows' in turn, K each but the epoch's last)
+            at = self._position * int(self._stream.shards_per_window or 1)
             ahead = len(self._order.window_shards(window)) + max(0, int(self._stream.prefetch))
-            ds.store.prefetch([ds.paths[k] for k in self._shards[at : at + ahead]])
+            # (a shard without samples is never read: not fetched)
+            ds.store.prefetch([ds.paths[k] for k in self._shards[at : at + ahead] if len(ds.indexes[k])])
         self._entered = window
 
     def _leave(self, window: int) -> None:
@@ -123,28 +127,42 @@ class WindowReader:
 
     def state_dict(self) -> dict:
         return {
-            "shards": list(self._shards),
             "shards_per_window": self._stream.shards_per_window,
+            "num_shards": len(self._shards),
+            "shards_crc32": self._shards_crc32,
             "position": self._position,
             "sample": self._sample,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        check_reader_state(state, self._shards, self._stream.shards_per_window)
+        check_window(state, self._stream.shards_per_window)
+        mine = {"num_shards": len(self._shards), "shards_crc32": self._shards_crc32}
+        saved = {key: state.get(key) for key in mine}
+        if saved != mine:
+            raise ValueError(
+                f"ShardStream.load_state_dict: the state was saved by a reader of other shards ({saved}; this "
+                f"worker's: {mine}): another shuffle seed, epoch, number of workers or ranks; resume with the "
+                f"settings that saved it"
+            )
         if self._entered is not None:
             self._leave(self._entered)
         self._position, self._sample = int(state["position"]), int(state["sample"])
 
 
-def check_reader_state(state: Mapping[str, Any], shards: list[int], shards_per_window: Optional[int]) -> None:
-    """Raise ValueError when a stream reader's saved ``state`` was not saved
-    by a reader of these ``shards`` (this worker's, in order) and windows."""
+def check_window(state: Mapping[str, Any], shards_per_window: Optional[int]) -> None:
+    """Raise ValueError when a stream reader's saved ``state`` was saved with other windows (or none)."""
     saved_window = state.get("shards_per_window")
     if saved_window != shards_per_window:
         raise ValueError(
             f"ShardStream.load_state_dict: the state was saved by a stream with shards_per_window={saved_window}, "
             f"this one has {shards_per_window}; resume with the settings that saved it"
         )
+
+
+def check_reader_state(state: Mapping[str, Any], shards: list[int]) -> None:
+    """Raise ValueError when a shard-by-shard reader's saved ``state`` was
+    not saved by a reader of these ``shards`` (this worker's, in order)."""
+    check_window(state, None)
     if list(state["shards"]) != shards:
         raise ValueError(
             f"ShardStream.load_state_dict: the state's shards {list(state['shards'])[:8]} are not this worker's "
