@@ -363,3 +363,24 @@ def test_from_a_store_each_shard_is_downloaded_once_per_epoch_by_two_workers(ser
             assert sent == shards
         else:  # (the shards the last epoch left in the cache are not downloaded again)
             assert all(sent.get(name, 0) in (0, n) for name, n in shards.items()) and sum(sent.values()) > 0
+
+
+def test_conveyor_torch_has_the_sampler_as_a_torch_sampler_with_the_same_order(folder):
+    torch_data = pytest.importorskip("conveyor.torch")
+    import torch.utils.data as tud
+
+    dataset = ShardDataset(folder)
+    sampler = torch_data.ShardBlockSampler(dataset, shards_per_window=K, seed=3)
+    assert isinstance(sampler, tud.Sampler)
+    assert list(sampler) == list(ShardBlockSampler(dataset, shards_per_window=K, seed=3))
+
+
+def test_a_stream_without_shuffled_shards_reads_the_windows_in_shard_order(folder):
+    dataset = ShardDataset(folder, transform=number)
+    samples = list(dataset.stream(shards_per_window=K))
+    assert sorted(samples) == list(range(len(dataset)))
+    firsts = dataset.firsts
+    for window in range(-(-len(SIZES) // K)):  # window w: shards wK .. wK + K - 1, their samples shuffled
+        span = range(firsts[window * K], firsts[min(len(SIZES), (window + 1) * K)])
+        assert sorted(samples[span.start : span.stop]) == list(span)
+    assert samples != list(range(len(dataset)))

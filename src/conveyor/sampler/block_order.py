@@ -73,6 +73,9 @@ class ShardBlocks:
         self.shuffle_shards = bool(shuffle_shards)
         self._last: Optional[BlockEpoch] = None  # (the epoch asked for last: a reader asks for it more than once)
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_last": None}  # (a pickled order travels without its epoch: made again)
+
     @property
     def num_shards(self) -> int:
         return int(self.sizes.size)
