@@ -9,6 +9,7 @@ purpose. A plain module (bench/store.py imports it too).
     store.cut = lambda method, path, n: 100           # which GET bodies lie, and by how many bytes (below)
     store.garble = lambda method, path, n: n == 2     # which GET bodies have a byte changed (same length)
     store.unframed = True                             # a lying body without Content-Length (ends at close)
+    store.sent_bytes                                  # bytes of GET bodies sent, by object path (a Counter)
     Store("s3://bucket", storage_options=store.options())   # conveyor.Store through the proxy
     store.stop()
 """
@@ -20,6 +21,7 @@ import http.server
 import re
 import threading
 import time
+from collections import Counter
 from typing import Callable, Optional
 
 BUCKET = "data"
@@ -51,6 +53,8 @@ class ObjectStore:
         #: Whether a lying body goes without Content-Length (HTTP/1.1: the body ends when the socket closes).
         self.unframed = False
         self.requests: list = []  # (method, path, status)
+        #: Bytes of GET bodies sent, by path (without its query): what clients downloaded.
+        self.sent_bytes: Counter = Counter()
         self._lock = threading.Lock()
 
     @classmethod
@@ -150,6 +154,9 @@ def _handler(store: ObjectStore):
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
+                if self.command == "GET":
+                    with store._lock:
+                        store.sent_bytes[self.path.split("?")[0]] += len(data)
 
         def _lie(self, headers: list, data: bytes, number: int) -> tuple[list, bytes, Optional[str]]:
             """(headers, body, CUT or GARBLED or None) of a GET's answer as ``store.cut`` and ``store.garble`` want."""

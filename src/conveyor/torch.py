@@ -103,6 +103,8 @@ if TYPE_CHECKING:
     class ShardedSampler(_sampler.ShardedSampler, _tud.Sampler): ...
 
     class TokenBudgetBatchSampler(_sampler.TokenBudgetBatchSampler, _tud.Sampler): ...
+
+    class ShardBlockSampler(_sampler.ShardBlockSampler, _tud.Sampler): ...
 else:
     # Datasets: conveyor's behaviour; instances of torch's class of the same name.
     Dataset = _torch_flavoured(_dataset.Dataset, _tud.Dataset)
@@ -125,6 +127,7 @@ else:
     DistributedSampler = _torch_flavoured(_sampler.DistributedSampler, _tud.DistributedSampler)
     ShardedSampler = _torch_flavoured(_sampler.ShardedSampler, _tud.Sampler)
     TokenBudgetBatchSampler = _torch_flavoured(_sampler.TokenBudgetBatchSampler, _tud.Sampler)
+    ShardBlockSampler = _torch_flavoured(_sampler.ShardBlockSampler, _tud.Sampler)
 
 # Collation: torch tensors out.
 default_collate = _collate.torch_default_collate

@@ -211,6 +211,32 @@ def test_the_least_recently_used_entries_go_first(tmp_path):
     assert _cached_bytes(tmp_path / "cache") <= 3 * one + 10
 
 
+def test_a_use_marks_the_entry_used_and_leaves_its_modification_time_to_the_readers(tmp_path):
+    """A process reading a cached shard checks its modification time
+    (shards/files.py); another process's fetch of the same shard must not
+    change it, or the reader would take the copy for one changed under it."""
+    store = local_store(tmp_path)
+    entry = store.fetch("a.bin")
+    os.utime(entry, (1000, 1000))
+    again = local_store(tmp_path)  # (another process's fetch: the copy found in the cache)
+    assert again.fetch("a.bin") == entry
+    assert os.stat(entry).st_mtime == 1000 and os.stat(entry).st_atime > 1000
+
+
+def test_a_released_copy_makes_room_first_and_stays_usable_until_then(tmp_path):
+    files = {name: name.encode() * 500 for name in ("a.bin", "b.bin", "c.bin", "d.bin")}
+    probe = local_store(tmp_path, files, cache_dir=str(tmp_path / "probe"))
+    probe.fetch("a.bin")
+    one = _cached_bytes(tmp_path / "probe")  # (an entry and its record)
+    store = local_store(tmp_path, files, cache_bytes=3 * one + 10)
+    entries = {name: store.fetch(name) for name in ("a.bin", "b.bin", "c.bin")}  # (a: the least recently used)
+    store.release("c.bin")  # (done with the newest)
+    assert store.fetch("c.bin") == entries["c.bin"]  # (still there, and used again: no longer released)
+    store.release("b.bin")
+    store.fetch("d.bin")
+    assert {name for name, entry in entries.items() if os.path.exists(entry)} == {"a.bin", "c.bin"}
+
+
 @pytest.mark.timeout(120)
 def test_fetch_streams_a_large_object_with_memory_bounded_by_the_chunk(tmp_path):
     size = 256 << 20

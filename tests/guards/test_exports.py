@@ -58,6 +58,7 @@ CORE_NAMES = {
     "SequentialSampler",
     "ShardedIterable",
     "ShardedSampler",
+    "ShardBlockSampler",
     "StackDataset",
     "StallWarning",
     "Stateful",

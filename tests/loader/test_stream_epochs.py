@@ -103,6 +103,12 @@ def test_a_shard_stream_takes_a_new_shard_order_each_epoch_with_persistent_worke
     assert_follows_the_epoch(lambda: ShardDataset(shards).stream(shuffle_shards=True, seed=0), "both", workers)
 
 
+@pytest.mark.parametrize("workers", ["fork", "threads"])
+def test_a_windowed_shard_stream_takes_a_new_block_order_each_epoch_with_persistent_workers(shards, workers):
+    stream = lambda: ShardDataset(shards).stream(shuffle_shards=True, seed=0, shards_per_window=2)  # noqa: E731
+    assert_follows_the_epoch(stream, "both", workers)
+
+
 def test_no_set_epoch_keeps_one_order_as_fresh_workers_do():
     fresh = run(EpochShuffled(), "neither", persistent=False)
     assert run(EpochShuffled(), "neither", persistent=True) == fresh == [fresh[0]] * EPOCHS

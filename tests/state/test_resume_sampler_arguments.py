@@ -13,6 +13,7 @@ No workers: what is checked is decided in the main process.
 """
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -36,6 +37,9 @@ OTHER_WEIGHTS = WEIGHTS[:-1] + [9.0]
 INDICES = list(range(0, 2 * N, 2))
 #: The same count of indices, one of them other.
 OTHER_INDICES = INDICES[:-1] + [1]
+#: Shards of 4, 5, 3 and 8 samples (a ShardDataset's firsts), and as many samples in as many shards of other sizes.
+SHARDS = SimpleNamespace(firsts=[0, 4, 9, 12, 20])
+OTHER_SHARDS = SimpleNamespace(firsts=[0, 4, 8, 12, 20])
 
 
 def _torch_gen():
@@ -100,6 +104,16 @@ CASES = {
         ),
         "weights_crc32",
         "WeightedRandomSampler",
+    ),
+    "conveyor ShardBlockSampler, shards_per_window": (
+        lambda changed: _loader(conveyor.ShardBlockSampler(SHARDS, 3 if changed else 2, seed=1), module=conveyor),
+        "shards_per_window",
+        "ShardBlockSampler",
+    ),
+    "conveyor ShardBlockSampler, shard sizes": (
+        lambda changed: _loader(conveyor.ShardBlockSampler(OTHER_SHARDS if changed else SHARDS, 2), module=conveyor),
+        "shard_sizes_crc32",
+        "ShardBlockSampler",
     ),
     "conveyor.torch WeightedRandomSampler, weights": (
         lambda changed: _loader(

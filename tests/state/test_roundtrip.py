@@ -6,7 +6,7 @@ The components are those with ``state_dict``/``load_state_dict`` in
 src/conveyor: each sampler (with every kind of randomness it takes), a
 BatchSampler over each index sampler, TokenBudgetBatchSampler and
 ShardedSampler, the DataLoader (map-style and iterable, in this process and
-with thread workers; over a ShardStream), a ShardStream's ShardReader, and
+with thread workers; over a ShardStream), a ShardStream's ShardReader (shard by shard and by windows), and
 Accelerate's prepared loader. (accelerate's RankShare, the one other, needs
 2 ranks and has no position of its own: its loaders' resume is tested on 2
 ranks under torchrun in test_accelerate.py.)
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from conveyor import (
     DistributedSampler,
     RandomSampler,
     SequentialSampler,
+    ShardBlockSampler,
     ShardedSampler,
     SubsetRandomSampler,
     TokenBudgetBatchSampler,
@@ -46,6 +48,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:User
 DATA = range(7)
 WEIGHTS = [0.5, 0.0, 2.0, 1.0, 1.0, 3.0, 0.25]
 LENGTHS = [1 + (i * 7) % 11 for i in range(13)]
+#: Shards of 3, 0, 2 and 4 samples, as a ShardBlockSampler reads them (a ShardDataset's firsts).
+SHARDS = SimpleNamespace(firsts=[0, 3, 3, 5, 9])
 
 
 def global_numpy(make):
@@ -106,6 +110,11 @@ INDEX_SAMPLERS = {
     ),
     "DistributedSampler, even=False": (
         lambda: DistributedSampler(DATA, num_replicas=2, rank=1, seed=3, even=False),
+        {"set_epoch": True},
+    ),
+    "ShardBlockSampler": (lambda: ShardBlockSampler(SHARDS, 2, seed=3), {}),
+    "ShardBlockSampler, 2 ranks, drop_last, set_epoch": (
+        lambda: ShardBlockSampler(SHARDS, 2, seed=3, num_replicas=2, rank=1, drop_last=True),
         {"set_epoch": True},
     ),
     "ShardedSampler over WeightedRandomSampler": (
@@ -248,15 +257,22 @@ def shard_stream(folder):
     return ShardStream(ShardDataset(folder, transform=lambda sample: sample["txt"]), shuffle_shards=True, seed=3)
 
 
-def test_a_shard_reader_round_trips(shards):
-    check_round_trip(lambda: iter(shard_stream(shards)), epochs=1, begin=lambda reader: reader)
+def windowed_stream(folder):
+    dataset = ShardDataset(folder, transform=lambda sample: sample["txt"])
+    return ShardStream(dataset, shuffle_shards=True, seed=3, shards_per_window=2)
+
+
+@pytest.mark.parametrize("make", [shard_stream, windowed_stream], ids=["shard by shard", "windows of 2 shards"])
+def test_a_shard_reader_round_trips(shards, make):
+    check_round_trip(lambda: iter(make(shards)), epochs=1, begin=lambda reader: reader)
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("make", [shard_stream, windowed_stream], ids=["shard by shard", "windows of 2 shards"])
 @pytest.mark.parametrize("workers", [{}, THREADS], ids=["in this process", "threads"])
-def test_a_data_loader_over_a_shard_stream_round_trips(shards, workers):
+def test_a_data_loader_over_a_shard_stream_round_trips(shards, workers, make):
     # (the stream's set_epoch reshuffles the shards; the loader passes it on)
-    build = lambda: DataLoader(shard_stream(shards), batch_size=2, collate_fn=list, **workers)  # noqa: E731
+    build = lambda: DataLoader(make(shards), batch_size=2, collate_fn=list, **workers)  # noqa: E731
     check_round_trip(build, set_epoch=True, **PLACEHOLDER_SAMPLER)
 
 

@@ -17,6 +17,9 @@ messages; every one can report and restore its position (``state_dict``).
 * ``replay``       resuming a sampler that is not conveyor's, by replaying its iteration
 * ``distributed``  DistributedSampler and the sharding it shares
 * ``token_budget`` TokenBudgetBatchSampler
+* ``permutation``  KeyedPermutation: a keyed permutation of [0, n), computed per position
+* ``block_order``  the block order over shards (shards shuffled, samples within windows of shards)
+* ``shard_blocks`` ShardBlockSampler: a ShardDataset's indices in the block order
 * ``arguments``    the argument checks they share
 """
 
@@ -32,6 +35,7 @@ from .replay import (  # noqa: F401  (used by loader, state)
 )
 from .resumable import _has_position  # noqa: F401  (used by state)
 from .samplers import RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler
+from .shard_blocks import ShardBlockSampler
 from .token_budget import TokenBudgetBatchSampler
 
 __all__ = [
@@ -43,5 +47,6 @@ __all__ = [
     "BatchSampler",
     "DistributedSampler",
     "ShardedSampler",
+    "ShardBlockSampler",
     "TokenBudgetBatchSampler",
 ]

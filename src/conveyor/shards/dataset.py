@@ -11,7 +11,8 @@ checked against the tar and the index.
     dataset.stream(...) ──▶ an IterableDataset: whole shards in turn, shuffled by shard  (stream.py)
     store=Store(...)    ──▶ shards in an object store: a sample by one ranged read (its first
                             header to its last byte, checked the same way); a stream by whole
-                            shards in the local cache, the next ones prefetched
+                            shards in the local cache, the next ones prefetched; with
+                            whole_shards=True, dataset[i] too (for a block order: ShardBlockSampler)
 
 Random access costs no ``open`` per sample: each process holds its most
 recently read shards open (at most ``open_files``; files.py says why reads,
@@ -114,6 +115,14 @@ class ShardDataset:
         ds = ShardDataset("shards/", transform=lambda s: (to_tensor(s["jpg"]), s["cls"]))
         loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=8)
 
+    From a ``store``, each sample is read by one ranged read; with
+    ``whole_shards=True`` a shard is fetched whole into the store's cache
+    at its first read and its samples read from the local copy (one
+    download per shard while it stays cached: what
+    :class:`~conveyor.ShardBlockSampler`'s order wants, which reads a shard
+    in one span of the epoch; in a random order it would download a shard
+    per sample once the cache is full). Without a store it changes nothing.
+
     Every shard's size is checked against its index and manifest at
     construction, and every member's tar header at each read: a shard,
     index or manifest that disagrees raises :class:`ShardError` naming the
@@ -127,8 +136,12 @@ class ShardDataset:
         decode: bool = True,
         store: Optional[Store] = None,
         open_files: int = OPEN_FILES,
+        whole_shards: bool = False,
     ):
+        if not isinstance(whole_shards, bool):
+            raise TypeError(f"ShardDataset: whole_shards must be True or False, got {whole_shards!r}")
         self.store = store
+        self.whole_shards = whole_shards
         self.paths, manifest = find_shards(source, store)
         if not self.paths:
             raise ValueError(f"no shards found at {source!r} (a folder of .tar files, a glob, or a list of paths)")
@@ -172,9 +185,12 @@ class ShardDataset:
         return local
 
     def close_shard(self, shard: int) -> None:
-        """Let go of a shard (a stream is done with it): its open file, its local copy."""
+        """Let go of a shard (a stream is done with it): its open file, its
+        local copy (from a store: released, the first to make room in the cache)."""
         local = self._local.pop(shard, None) if self._pid == os.getpid() else None
         self._files.forget(local if local is not None else self.paths[shard])
+        if local is not None and self.store is not None:
+            self.store.release(self.paths[shard])
 
     def raw(self, i: int) -> dict:
         """Sample ``i``'s members as bytes, by extension, with its ``__key__``:
@@ -196,6 +212,8 @@ class ShardDataset:
             base, data = 0, b""
         else:  # (from the first member's header to the last member's last byte)
             base, end = offsets.item(first) - BLOCK, offsets.item(last - 1) + sizes.item(last - 1)
+            if self.store is not None and self.whole_shards:
+                self.open_shard(shard)  # (fetched whole at its first read; read from the local copy)
             if self.store is not None and (self._pid != os.getpid() or shard not in self._local):
                 data = self._read_range(self.store, shard, start, base, end)
             else:
@@ -262,11 +280,17 @@ class ShardDataset:
     def __getitem__(self, i: int) -> Any:
         return self.prepare(self.raw(i))
 
-    def stream(self, shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2) -> ShardStream:
+    def stream(
+        self, shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2, shards_per_window: Optional[int] = None
+    ) -> ShardStream:
         """The same samples as an IterableDataset that reads whole shards in
         turn (sequential reads), shuffled by shard when asked; from a store,
-        each worker fetches its next ``prefetch`` shards while it reads one."""
-        return ShardStream(self, shuffle_shards, seed, prefetch)
+        each worker fetches its next ``prefetch`` shards while it reads one.
+        With ``shards_per_window=K``, the block order of
+        :class:`~conveyor.ShardBlockSampler`: windows of K shards, each
+        read by one worker, its samples shuffled among themselves (see
+        :class:`ShardStream`)."""
+        return ShardStream(self, shuffle_shards, seed, prefetch, shards_per_window=shards_per_window)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

@@ -6,15 +6,26 @@ workers and ranks by shard, each worker's place saved for exact resume.
     iter(stream)          ──▶ ShardReader: shard by shard, a run of samples (READ_AHEAD bytes) by one
                               read, checked as ShardDataset[i] checks it; sample by sample decoded,
                               transformed and delivered; the next shards prefetched from a store
+
+    ShardStream(dataset, shards_per_window=K)  (the block order, sampler/block_order.py)
+                          ──▶ per epoch: the shard order (shuffled with shuffle_shards), cut into
+                              windows of K shards; this worker's windows:
+                              range(rank * workers + worker, windows, world * workers)
+    iter(stream)          ──▶ WindowReader (windows.py): window by window, its shards fetched, its
+                              samples in the window's keyed permutation, each read as dataset[i] is
 """
 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, Sized
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, Sized, Union
+
+import numpy as np
 
 from .._engine.info import get_worker_info
 from ..dataset import IterableDataset, distributed_world, torch_worker_info
+from ..sampler.block_order import BlockEpoch, ShardBlocks, check_shards_per_window
+from .windows import WindowReader, check_reader_state
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -59,26 +70,79 @@ class ShardStream(IterableDataset):
     """Whole shards in turn, each read front to back; the shards are shared
     out among workers (and ranks, as ``ShardedIterable`` does) by number, and
     shuffled per epoch with ``shuffle_shards`` (``set_epoch`` moves it on).
-    Samples within a shard keep their order."""
+    Samples within a shard keep their order.
 
-    def __init__(self, dataset: Shards, shuffle_shards: bool = False, seed: int = 0, prefetch: int = 2):
+    ``shards_per_window=K`` reads in the block order of
+    :class:`~conveyor.ShardBlockSampler` instead: the epoch's shard order
+    (shuffled with ``shuffle_shards``, by a keyed permutation of
+    ``(seed, epoch)``) is cut into windows of K consecutive shards, the
+    windows are shared out among workers and ranks (window ``w`` to the
+    ``w % (world * workers)``-th reader), and each window's samples are
+    delivered in a keyed permutation of the window (the same one the
+    sampler uses). So each shard is read by one worker per epoch (from a
+    store: downloaded once, with the next ``prefetch`` shards fetched
+    ahead), every sample comes once, and each window's samples come in the
+    same order for any number of workers; which worker's window a batch
+    comes from depends on the number of workers, as for any
+    IterableDataset. With one reader (``num_workers=0``, one rank) the order
+    is ShardBlockSampler's, sample for sample."""
+
+    def __init__(
+        self,
+        dataset: Shards,
+        shuffle_shards: bool = False,
+        seed: int = 0,
+        prefetch: int = 2,
+        *,
+        shards_per_window: Optional[int] = None,
+    ):
         self.dataset, self.shuffle_shards, self.seed, self.prefetch = dataset, shuffle_shards, seed, prefetch
         self.epoch = 0
+        self.shards_per_window = (
+            None if shards_per_window is None else check_shards_per_window(shards_per_window, "ShardStream")
+        )
+        #: The block order's arguments (None: whole shards in turn, in shard order).
+        self.blocks = (
+            None
+            if self.shards_per_window is None
+            else ShardBlocks(np.diff(np.asarray(dataset.firsts)), self.shards_per_window, seed, bool(shuffle_shards))
+        )
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def shards(self) -> list[int]:
-        """This worker's shards this epoch, in order."""
-        order = list(range(len(self.dataset.paths)))
-        if self.shuffle_shards:
-            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+    def _reader(self) -> tuple[int, int]:
+        """(this reader's number, readers): ranks times workers."""
         world, rank = distributed_world()
         info = get_worker_info() or torch_worker_info()  # (conveyor's loader, or torch's)
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return order[rank * workers + worker :: world * workers]
+        return rank * workers + worker, world * workers
 
-    def __iter__(self) -> "ShardReader":
+    def epoch_order(self) -> BlockEpoch:
+        """This epoch's block order (with ``shards_per_window`` only)."""
+        if self.blocks is None:
+            raise ValueError("ShardStream.epoch_order: this stream has no windows; pass shards_per_window=K")
+        return self.blocks.epoch(self.epoch)
+
+    def windows(self) -> list[int]:
+        """This worker's windows this epoch, in order (with ``shards_per_window`` only)."""
+        me, readers = self._reader()
+        return list(range(me, self.epoch_order().num_windows, readers))
+
+    def shards(self) -> list[int]:
+        """This worker's shards this epoch, in order."""
+        if self.blocks is not None:
+            blocks = self.epoch_order()
+            return [int(s) for w in self.windows() for s in blocks.window_shards(w)]
+        order = list(range(len(self.dataset.paths)))
+        if self.shuffle_shards:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        me, readers = self._reader()
+        return order[me::readers]
+
+    def __iter__(self) -> Union["ShardReader", WindowReader]:
+        if self.blocks is not None:
+            return WindowReader(self)
         return ShardReader(self)
 
     def __len__(self) -> int:
@@ -132,12 +196,7 @@ class ShardReader:
         return {"shards": list(self._shards), "position": self._position, "sample": self._sample}
 
     def load_state_dict(self, state: dict) -> None:
-        if list(state["shards"]) != self._shards:
-            raise ValueError(
-                f"ShardStream.load_state_dict: the state's shards {state['shards'][:8]} are not this worker's "
-                f"{self._shards[:8]} (another shuffle seed, epoch, number of workers or ranks); resume with the "
-                f"settings that saved it"
-            )
+        check_reader_state(state, self._shards)
         self._position, self._sample = int(state["position"]), int(state["sample"])
         self._ahead, self._open = [], None
 

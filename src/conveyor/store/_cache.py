@@ -25,8 +25,9 @@ and fetched again, with a warning naming it; one without a record is
 fetched again.
 
 Room: before and after each download, the ``.part`` files of processes
-that are gone are removed, and the least recently used entries (by mtime;
-a use touches it) with their records, until entries, records and the
+that are gone are removed, and the least recently used entries with their
+records (by access time, which a use sets and a release clears: readers
+check a copy by its modification time), until entries, records and the
 downloads in progress fit ``limit_bytes``; a lock file that a killed
 download left (a few bytes, not counted) is removed once nobody holds it
 (_turns.py). Files with other names are neither counted nor touched. A
@@ -43,12 +44,13 @@ import logging
 import os
 import re
 import stat
-import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import BinaryIO, Callable, ContextManager, Optional
 
 from conveyor.store._download import Copied
+from conveyor.store._private import make_private
 from conveyor.store._turns import remove_if_free, turn
 
 log = logging.getLogger("conveyor")
@@ -72,44 +74,6 @@ _LOCK = re.compile(r"([0-9a-f]{16})\.lock")
 _WRITING: set = set()
 #: (device, inode, size, sha256) of the entries this process wrote or checked by hash.
 _VERIFIED: dict = {}
-
-
-def default_cache_dir() -> str:
-    """A cache folder of this user's own in the temporary folder (its name carries the uid)."""
-    return os.path.join(tempfile.gettempdir(), f"conveyor-store-cache-{os.getuid()}")
-
-
-def make_private(folder: str) -> None:
-    """Create ``folder`` (0700), or make sure the one there is private to
-    this user: it must be a folder of yours that nobody else may write
-    (PermissionError otherwise, saying what to do); one that others may
-    only read is made 0700."""
-    os.makedirs(os.path.dirname(os.path.abspath(folder)), exist_ok=True)
-    try:
-        os.mkdir(folder, 0o700)
-    except FileExistsError:
-        pass
-    me, link = os.getuid(), os.lstat(folder)
-    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
-        _refuse(folder, f"is a symbolic link made by uid {link.st_uid}")
-    info = os.stat(folder)
-    if not stat.S_ISDIR(info.st_mode):
-        raise NotADirectoryError(
-            f"conveyor: the Store's cache folder {folder} is not a folder; give Store(cache_dir=...) a folder"
-        )
-    if info.st_uid != me:
-        _refuse(folder, f"belongs to uid {info.st_uid}, not to you (uid {me})")
-    if info.st_mode & 0o022:
-        _refuse(folder, f"may be written by others (mode {stat.S_IMODE(info.st_mode):o}); `chmod 700 {folder}`, or")
-    if info.st_mode & 0o077:
-        os.chmod(folder, 0o700)  # (yours, and readable by others: made private)
-
-
-def _refuse(folder: str, why: str) -> None:
-    raise PermissionError(
-        f"conveyor: the Store's cache folder {folder} {why}: another user could put files there that would be "
-        f"handed out as objects. Give Store(cache_dir=...) a folder of your own."
-    )
 
 
 @dataclass(frozen=True)
@@ -193,10 +157,20 @@ class Cache:
             _remove(entry)
             return None
         try:
-            os.utime(entry)  # (recently used: evicted last)
+            os.utime(entry, ns=(time.time_ns(), found.st_mtime_ns))  # (evicted last; mtime kept: readers check it)
         except FileNotFoundError:  # (evicted by another process just now)
             return None
         return entry
+
+    def release(self, source: str) -> None:
+        """Mark ``source``'s entry the first to be evicted (a reader is done
+        with it): its access time set to the epoch's start, 1970. It stays
+        usable until evicted, and a later use marks it used again."""
+        entry = self.entry(source)
+        try:
+            os.utime(entry, ns=(0, os.lstat(entry).st_mtime_ns), follow_symlinks=False)
+        except FileNotFoundError:
+            pass
 
     def _read_record(self, key: str) -> Optional[Record]:
         try:
@@ -267,7 +241,7 @@ class Cache:
             elif record:
                 records[record.group(1)] = (path, found.st_size)
             elif entry:
-                entries.append((found.st_mtime, path, found.st_size, entry.group(1)))
+                entries.append((found.st_atime, path, found.st_size, entry.group(1)))
                 total += found.st_size
         keys = {key for *_, key in entries}
         for key, (path, size) in list(records.items()):

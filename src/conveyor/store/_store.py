@@ -8,8 +8,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO, Callable, Optional, Sequence
 
-from conveyor.store._cache import Cache, default_cache_dir, make_private
+from conveyor.store._cache import Cache
 from conveyor.store._download import Copied, copy_object
+from conveyor.store._private import default_cache_dir, make_private
 from conveyor.store._retry import retry
 from conveyor.store._whole import Read
 
@@ -151,6 +152,13 @@ class Store:
             return copy_object(self.fs, url, source, into, info, chunk_bytes=self.chunk_bytes, retry=retrying)
 
         return cache.add(source, fill)
+
+    def release(self, path: str) -> None:
+        """Say that this process is done with object ``path``'s cached copy
+        (a stream finished its shard): the copy is the first to make room
+        for a download, before the copies still in use or fetched ahead; it
+        stays usable until then."""
+        self._cache().release(f"{self.protocol}://{self.url(path)}")
 
     def prefetch(self, paths: Sequence[str]) -> None:
         """Start fetching ``paths`` in the background (at most ``prefetch_threads`` at once)."""
