@@ -24,6 +24,7 @@ from .dataset import (
     random_split,
 )
 from .loader import DataLoader
+from .mix import Mix
 from .ray_options import RayWorkers
 from .rng import SampleRandom, derive_seed, sample_rng
 from .sampler import (
@@ -52,6 +53,7 @@ __all__ = [
     "Dataset",
     "DistributedSampler",
     "IterableDataset",
+    "Mix",
     "PadCollate",
     "RandomSampler",
     "RayWorkers",

@@ -1,0 +1,19 @@
+"""Weighted mixing of named sources, with a stateless order.
+
+::
+
+    Mix(sources, weights=, seed=, num_samples=, stop=)   a map-style dataset: position -> (source, index)
+      └─ MixOrder  (_order)     position -> (source, its count before), per block of constant weights
+           ├─ Blocks (_schedule) the weights over the positions: constant, steps, a function per block
+           ├─ Shares (_shares)   weights checked, as exact fractions of a period
+           └─ Period (_period)   one period scheduled so every prefix is within one sample per source
+    MixReport (_report)          served against target, and the epoch, per source
+
+Public: ``Mix``, ``MixReport``, ``SourceReport`` (``conveyor.Mix`` too).
+"""
+
+from ._dataset import STOPS, Mix
+from ._report import MixReport, SourceReport
+from ._shares import MAX_PERIOD
+
+__all__ = ["Mix", "MixReport", "SourceReport", "STOPS", "MAX_PERIOD"]
