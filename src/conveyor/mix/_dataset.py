@@ -82,7 +82,8 @@ class Mix(Dataset[Any]):
     schedule) is within one sample per source of its share: after ``p``
     positions, source ``s`` has served ``c`` samples with
     ``|c - p * share_s| < 1``. The shares are the weights normalised, exact
-    when the weights are ratios of small integers, else within ``2**-20``
+    when the weights are ratios of small integers, else within ``2**-20`` times the
+    number of sources
     (``mix/_shares.py``; ``Mix.shares`` gives them). How the order is built
     and why it holds: ``mix/_period.py``.
 

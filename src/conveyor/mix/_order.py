@@ -107,6 +107,7 @@ class MixOrder:
         start, before = self._anchor(block)
         period = self.period(block)
         whole, offset = divmod(position - start, period.length)
+        period.ensure(offset)
         source = int(period.source[offset])
         count = int(before[source]) + whole * period.shares.units[source] + int(period.rank[offset])
         return source, count
@@ -124,6 +125,7 @@ class MixOrder:
             period = self.period(block)
             start, before = self._anchor(block)
             whole, offset = np.divmod(positions[where] - start, period.length)
+            period.ensure(int(offset.max()))
             source = period.source[offset].astype(np.int64)
             units = np.asarray(period.shares.units, dtype=np.int64)
             sources[where] = source
@@ -143,7 +145,7 @@ class MixOrder:
             if units:
                 start, counts = self._anchor(block)
                 whole, within = divmod(count - int(counts[source]) - 1, units)
-                prefix = start + whole * period.length + int(period.slots(source)[within]) + 1
+                prefix = start + whole * period.length + period.slot_of(source, within) + 1
                 if end is None or prefix <= end:
                     return prefix
             if end is None:

@@ -29,12 +29,14 @@ serve a wrong prefix. After ``D`` positions every source has exactly
 ``p mod D`` of the table, and its source's count before it is
 ``(p // D) * m_s`` plus the job's rank in the period. A period costs 6
 bytes a position (source, rank), built once per weights in each process
-that reads the mix (about 0.4 s for the largest, ``2**20``).
+that reads the mix, as far as it reads (about 0.4 s for the whole of the
+largest, ``2**20``).
 """
 
 from __future__ import annotations
 
 import heapq
+import threading
 
 import numpy as np
 
@@ -45,69 +47,98 @@ __all__ = ["Period"]
 
 class Period:
     """The scheduled period of ``shares``: ``source[r]`` and ``rank[r]``
-    (which of its source's jobs in the period) for each offset ``r``."""
+    (which of its source's jobs in the period) for each offset ``r``.
 
-    __slots__ = ("shares", "source", "rank", "_slots")
+    Scheduled lazily, a chunk of offsets at a time, as far as the mix has
+    read (:meth:`ensure`): a block of a weights schedule shorter than its
+    period costs only its own positions."""
+
+    __slots__ = ("shares", "source", "rank", "built", "_pending", "_served", "_slots", "_lock")
 
     def __init__(self, shares: Shares) -> None:
         self.shares = shares
-        self.source, self.rank = _schedule(shares.units, shares.period)
+        n = len(shares.units)
+        self.source = np.zeros(shares.period, dtype=np.uint16 if n <= 1 << 16 else np.uint32)
+        self.rank = np.zeros(shares.period, dtype=np.uint32)
+        #: Offsets scheduled so far: ``source[:built]`` and ``rank[:built]`` hold.
+        self.built = 0
+        self._pending: list[int] = []
+        self._served = [0] * n
         self._slots: dict[int, np.ndarray] = {}
+        # (thread workers share the mix: one schedules a chunk at a time)
+        self._lock = threading.Lock()
 
     @property
     def length(self) -> int:
         """``D``, the positions in one period."""
         return self.shares.period
 
-    def slots(self, source: int) -> np.ndarray:
-        """The offsets of ``source``'s positions in the period, in order."""
+    def ensure(self, offset: int) -> None:
+        """Schedule the period up to and including ``offset``."""
+        if self.built > offset:
+            return
+        with self._lock:
+            while self.built <= offset:
+                self._schedule_chunk(min(self.length, self.built + _CHUNK))
+
+    def slots(self, source: int, upto: int) -> np.ndarray:
+        """The offsets of ``source``'s positions among the first ``upto`` (at least) of the period, in order."""
+        self.ensure(min(upto, self.length) - 1)
         slots = self._slots.get(source)
-        if slots is None:
-            slots = self._slots[source] = np.flatnonzero(self.source == source)
+        if slots is None or len(slots) < self._served[source]:
+            slots = self._slots[source] = np.flatnonzero(self.source[: self.built] == source)
         return slots
+
+    def slot_of(self, source: int, job: int) -> int:
+        """The offset of ``source``'s ``job``-th position (0-based) in the period."""
+        m = self.shares.units[source]
+        deadline = -((-(job + 1) * self.length) // m)  # (the job is scheduled by its deadline)
+        return int(self.slots(source, deadline)[job])
 
     def count(self, source: int, offset: int) -> int:
         """``source``'s positions among the first ``offset`` of the period."""
-        return int(np.searchsorted(self.slots(source), offset))
+        return int(np.searchsorted(self.slots(source, offset), offset)) if offset else 0
 
     def counts(self, offset: int) -> list[int]:
         """Every source's positions among the first ``offset`` of the period."""
         return [self.count(s, offset) if m else 0 for s, m in enumerate(self.shares.units)]
 
+    def _schedule_chunk(self, end: int) -> None:
+        """EDF over offsets ``[built, end)`` (positions ``built + 1 .. end``; see the module docstring)."""
+        units, period, n = self.shares.units, self.length, len(self.shares.units)
+        first, last = self.built + 1, end  # (1-based positions)
+        releases, keys = [], []
+        for s, m in enumerate(units):
+            if m == 0:
+                continue
+            # Jobs released at positions first..last: those with release floor((k - 1) D / m) + 1 in that range.
+            k = np.arange(-((-(first - 1) * m) // period) + 1, -((-last * m) // period) + 1, dtype=np.int64)
+            k = k[(k >= 1) & (k <= m)]
+            releases.append((k - 1) * period // m + 1)
+            keys.append(-((-k * period) // m) * n + s)  # (deadline first, then the lower source; one int sorts fastest)
+        release_all, key_all = np.concatenate(releases), np.concatenate(keys)
+        order = np.lexsort((key_all, release_all))
+        release_list, key_list = release_all[order].tolist(), key_all[order].tolist()
+        pending, served = self._pending, self._served
+        push, pop = heapq.heappush, heapq.heappop
+        chosen, ranks = [0] * (last - first + 1), [0] * (last - first + 1)
+        j, jobs = 0, len(release_list)
+        for t in range(first, last + 1):
+            while j < jobs and release_list[j] == t:
+                push(pending, key_list[j])
+                j += 1
+            if not pending:
+                raise AssertionError(f"conveyor.Mix: no sample released at position {t} of the period {units}")
+            key = pop(pending)
+            if key // n < t:
+                raise AssertionError(f"conveyor.Mix: a deadline missed at position {t} of the period {units}")
+            s = key % n
+            chosen[t - first], ranks[t - first] = s, served[s]
+            served[s] += 1
+        self.source[first - 1 : last] = chosen
+        self.rank[first - 1 : last] = ranks
+        self.built = last
 
-def _schedule(units: tuple[int, ...], period: int) -> tuple[np.ndarray, np.ndarray]:
-    """EDF over one period (see the module docstring)."""
-    n = len(units)
-    releases, keys = [], []
-    for s, m in enumerate(units):
-        if m == 0:
-            continue
-        k = np.arange(1, m + 1, dtype=np.int64)
-        release = (k - 1) * period // m + 1
-        deadline = -((-k * period) // m)
-        releases.append(release)
-        keys.append(deadline * n + s)  # (deadline first, then the lower source; one int sorts fastest)
-    release_all = np.concatenate(releases)
-    key_all = np.concatenate(keys)
-    order = np.lexsort((key_all, release_all))
-    release_list, key_list = release_all[order].tolist(), key_all[order].tolist()
-    chosen = [0] * period
-    pending: list[int] = []
-    push, pop = heapq.heappush, heapq.heappop
-    j, jobs = 0, len(release_list)
-    for t in range(1, period + 1):
-        while j < jobs and release_list[j] == t:
-            push(pending, key_list[j])
-            j += 1
-        if not pending:
-            raise AssertionError(f"conveyor.Mix: no sample released at position {t} of the period {units}")
-        key = pop(pending)
-        if key // n < t:
-            raise AssertionError(f"conveyor.Mix: a deadline missed at position {t} of the period {units}")
-        chosen[t - 1] = key % n
-    source = np.asarray(chosen, dtype=np.uint16 if n <= 1 << 16 else np.uint32)
-    rank = np.empty(period, dtype=np.int64)
-    for s, m in enumerate(units):
-        if m:
-            rank[source == s] = np.arange(m, dtype=np.int64)
-    return source, rank.astype(np.uint32)
+
+#: Offsets scheduled at a time (a chunk costs about 25 ms).
+_CHUNK = 1 << 16

@@ -7,7 +7,9 @@ fraction ``m_s / D``. When the weights are ratios of small integers
 is the weight itself, normalised, and ``D`` is the least common
 denominator; otherwise the shares are the weights rounded to multiples of
 ``1 / MAX_PERIOD`` (largest remainder; a positive weight keeps at least
-one position per period), within ``2**-20`` of the normalised weight.
+one position per period), each within ``k * 2**-20`` of its normalised
+weight for ``k`` sources (1 unit of rounding, and the units that very small
+weights keep are taken from the largest shares).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def check_weights(weights: Any, names: tuple[str, ...], argument: str = "weights
 def _as_fraction(value: float) -> Fraction | None:
     """``value`` as a simple fraction, or None when it is none."""
     fraction = Fraction(value).limit_denominator(_SIMPLE_DENOMINATOR)
-    return fraction if abs(float(fraction) - value) <= 1e-12 * max(1.0, value) else None
+    return fraction if abs(float(fraction) - value) <= 1e-12 * value else None
 
 
 def shares_of(weights: tuple[float, ...]) -> Shares:
