@@ -89,6 +89,8 @@ if TYPE_CHECKING:
 
     class Mix(_mix.Mix, _tud.Dataset[Any]): ...  # type: ignore[misc]
 
+    class IterableMix(_mix.IterableMix, _tud.IterableDataset[Any]): ...  # type: ignore[misc]
+
     class Sampler(_sampler.Sampler[_T_co], _tud.Sampler[_T_co]): ...
 
     class SequentialSampler(_sampler.SequentialSampler, _tud.SequentialSampler): ...
@@ -117,6 +119,7 @@ else:
     Subset = _torch_flavoured(_dataset.Subset, _tud.Subset)
     ShardedIterable = _torch_flavoured(_dataset.ShardedIterable, _tud.IterableDataset)
     Mix = _torch_flavoured(_mix.Mix, _tud.Dataset)
+    IterableMix = _torch_flavoured(_mix.IterableMix, _tud.IterableDataset)
 
     # Samplers: torch's draws; instances of torch's class of the same name, so
     # frameworks that look for torch's samplers (Lightning, Accelerate) find them.

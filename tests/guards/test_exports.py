@@ -52,6 +52,7 @@ CORE_NAMES = {
     "Dataset",
     "DistributedSampler",
     "IterableDataset",
+    "IterableMix",
     "Mix",
     "PadCollate",
     "RandomSampler",

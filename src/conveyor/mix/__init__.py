@@ -8,12 +8,15 @@
            ├─ Shares (_shares)   weights checked, as exact fractions of a period
            └─ Period (_period)   one period scheduled so every prefix is within one sample per source
     MixReport (_report)          served against target, and the epoch, per source
+    IterableMix (_iterable)      streams mixed by the same map; its iterator saves where each stream stands
 
-Public: ``Mix``, ``MixReport``, ``SourceReport`` (``conveyor.Mix`` too).
+Public: ``Mix``, ``IterableMix``, ``MixReport``, ``SourceReport`` (``conveyor.Mix``,
+``conveyor.IterableMix`` too).
 """
 
 from ._dataset import STOPS, Mix
+from ._iterable import IterableMix
 from ._report import MixReport, SourceReport
 from ._shares import MAX_PERIOD
 
-__all__ = ["Mix", "MixReport", "SourceReport", "STOPS", "MAX_PERIOD"]
+__all__ = ["Mix", "IterableMix", "MixReport", "SourceReport", "STOPS", "MAX_PERIOD"]

@@ -1,0 +1,130 @@
+"""conveyor.IterableMix: streams mixed by the map-style mix's stateless
+choice of source, its stopping rules, new epochs of a source, and an exact
+resume through the loader (streams with and without state of their own,
+0 and 2 workers)."""
+
+from __future__ import annotations
+
+import pytest
+
+import conveyor
+
+
+class Counted(conveyor.IterableDataset):
+    """``start, start + 1, ...`` (``n`` of them), shifted by 1000 per epoch; its
+    iterator has a state when ``stateful``."""
+
+    def __init__(self, start, n, stateful=True):
+        self.start, self.n, self.stateful, self.epoch = start, n, stateful, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        return _CountedIterator(self) if self.stateful else iter(self._items())
+
+    def _items(self):
+        return [self.start + 1000 * self.epoch + i for i in range(self.n)]
+
+
+class _CountedIterator:
+    def __init__(self, dataset):
+        self.items, self.at = dataset._items(), 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.at >= len(self.items):
+            raise StopIteration
+        self.at += 1
+        return self.items[self.at - 1]
+
+    def state_dict(self):
+        return {"at": self.at}
+
+    def load_state_dict(self, state):
+        self.at = state["at"]
+
+
+WEIGHTS = {"web": 5, "code": 2, "books": 1}
+
+
+def _streams(stateful=True):
+    return {"web": Counted(0, 30, stateful), "code": Counted(100, 9, stateful), "books": Counted(200, 4, stateful)}
+
+
+def test_each_position_reads_the_source_the_map_style_mix_chooses():
+    mix = conveyor.IterableMix(_streams(), weights=WEIGHTS, num_samples=120, stop="never")
+    mapped = conveyor.Mix({n: list(range(1)) for n in WEIGHTS}, weights=WEIGHTS, num_samples=120)
+    samples = list(mix)
+    assert len(samples) == 120
+    assert [mix.source_of(p) for p in range(120)] == [mapped.locate(p)[0] for p in range(120)]
+    books = [x for x in samples if 200 <= x % 1000 < 300]
+    assert books[:8] == [200, 201, 202, 203, 1200, 1201, 1202, 1203]  # a new epoch (set_epoch) when it runs out
+
+
+def test_stopping_rules():
+    first = list(conveyor.IterableMix(_streams(), weights=WEIGHTS))
+    assert sum(200 <= x < 300 for x in first) == 4 and len(first) < 40  # ends as books runs out
+    every = list(conveyor.IterableMix(_streams(), weights=WEIGHTS, stop="all"))
+    assert sorted(x for x in every if x < 100) == list(range(30))  # every source ran out once
+    with pytest.raises(ValueError, match="needs num_samples"):
+        conveyor.IterableMix(_streams(), weights=WEIGHTS, stop="never")
+    with pytest.raises(ValueError, match="sources the mix does not have"):
+        conveyor.IterableMix(_streams(), weights={**WEIGHTS, "news": 1})
+    with pytest.raises(TypeError, match="not iterable"):
+        conveyor.IterableMix({"a": 3})
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+@pytest.mark.parametrize("stop_after", [1, 5, 11])
+def test_resume_is_exact(stateful, stop_after):
+    def loader():
+        mix = conveyor.IterableMix(_streams(stateful), weights=WEIGHTS, num_samples=100, stop="never")
+        return conveyor.DataLoader(mix, batch_size=4)
+
+    full = [b.tolist() for b in loader()]
+    first = loader()
+    it = iter(first)
+    served = [next(it).tolist() for _ in range(stop_after)]
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert served + [b.tolist() for b in resumed] == full
+
+
+def test_resume_with_two_workers():
+    def loader():
+        streams = {
+            name: conveyor.ShardedIterable(list(range(start, start + n)))
+            for name, start, n in (("web", 0, 40), ("code", 100, 12), ("books", 200, 6))
+        }
+        mix = conveyor.IterableMix(streams, weights=WEIGHTS, num_samples=30, stop="never")
+        return conveyor.DataLoader(mix, batch_size=3, num_workers=2)
+
+    full = [b.tolist() for b in loader()]
+    first = loader()
+    it = iter(first)
+    served = [next(it).tolist() for _ in range(4)]
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert served + [b.tolist() for b in resumed] == full
+
+
+def test_a_state_of_another_mix_is_refused():
+    def loader(weights):
+        return conveyor.DataLoader(
+            conveyor.IterableMix(_streams(), weights=weights, num_samples=50, stop="never"), batch_size=4
+        )
+
+    saving = loader(WEIGHTS)
+    it = iter(saving)
+    next(it)
+    state = saving.state_dict()
+    del it
+    with pytest.raises(ValueError, match="mix_weights"):
+        loader({"web": 1, "code": 1, "books": 1}).load_state_dict(state)
