@@ -1,14 +1,16 @@
 """The mix's order: position ``p`` -> (source, count of that source before
 ``p``), a pure function of the weights and the position.
 
-    block b = blocks.block_at(p), q = p - start(b), period = the block's Period (D positions)
+    block b = blocks.block_at(p); a = the first block of b's run of equal weights
+    q = p - start(a), period = the block's Period (D positions)
     source  = period.source[q mod D]
-    count   = start_counts(b)[source] + (q // D) * m_source + period.rank[q mod D]
+    count   = start_counts(a)[source] + (q // D) * m_source + period.rank[q mod D]
 
 ``start_counts(b)``, each source's count at block ``b``'s first position,
 is computed once per block from the block before it and kept: so counts
 carry over a change of weights, and no source's sample is repeated or
-skipped across it. Periods are built once per weights in a process and
+skipped across it. A period runs on across blocks of equal weights (a
+function schedule read every N positions that returns the same weights). Periods are built once per weights in a process and
 kept (the latest few).
 """
 
