@@ -10,8 +10,9 @@
 is computed once per block from the block before it and kept: so counts
 carry over a change of weights, and no source's sample is repeated or
 skipped across it. A period runs on across blocks of equal weights (a
-function schedule read every N positions that returns the same weights). Periods are built once per weights in a process and
-kept (the latest few).
+function schedule read every N positions that returns the same weights).
+Periods are built once per weights in a process, as far as read, and kept
+(the latest few).
 """
 
 from __future__ import annotations
