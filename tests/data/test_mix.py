@@ -238,3 +238,46 @@ def test_bad_sources_are_refused_at_construction():
         conveyor.Mix({"a": [1], "b": iter([1, 2])})
     with pytest.raises(ValueError, match="never ends"):
         conveyor.Mix({"a": [1, 2], "b": [3]}, weights=[(0, {"a": 1, "b": 1}), (1, {"a": 1, "b": 0})], stop="all")
+
+
+def _ramp(position):
+    return {"a": 1.0, "b": 0.37 + position / 300, "c": 0.05}
+
+
+@pytest.mark.parametrize("workers", [(2, "multiprocessing"), (2, "thread")])
+def test_a_function_schedule_gives_the_same_batches_in_workers(workers):
+    num_workers, method = workers
+    mix = conveyor.Mix(_sources({"a": 30, "b": 9, "c": 4}), weights=_ramp, schedule_every=16, num_samples=96)
+    expected = [[mix[p] for p in batch] for batch in conveyor.DataLoader(range(96), batch_size=8, shuffle=True, seed=4)]
+    fresh = conveyor.Mix(_sources({"a": 30, "b": 9, "c": 4}), weights=_ramp, schedule_every=16, num_samples=96)
+    loader = conveyor.DataLoader(
+        fresh, batch_size=8, shuffle=True, seed=4, num_workers=num_workers, worker_method=method
+    )
+    assert [b.tolist() for b in loader] == expected
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 60), st.lists(st.integers(0, 9), min_size=3, max_size=3).filter(any)),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_each_block_of_a_schedule_keeps_its_prefixes_within_one_sample(steps):
+    starts, position = [], 0
+    for length, _ in steps:
+        starts.append(position)
+        position += length
+    weights = [(start, dict(zip("abc", w))) for start, (_, w) in zip(starts, steps)]
+    mix = conveyor.Mix(_sources({"a": 7, "b": 5, "c": 3}), weights=weights, num_samples=position)
+    sources, _ = mix.locate_many(np.arange(position))
+    for start, (length, w) in zip(starts, steps):
+        counts = _prefix_counts(sources[start : start + length], 3)
+        shares = np.array(w) / sum(w)
+        assert np.abs(counts - np.arange(1, length + 1)[:, None] * shares).max() < 1
+    # And each source's epochs stay whole across the changes.
+    for s, n in enumerate((7, 5, 3)):
+        _, indices = mix.locate_many(np.flatnonzero(sources == s))
+        whole = len(indices) // n * n
+        assert all(sorted(indices[i : i + n].tolist()) == list(range(n)) for i in range(0, whole, n))

@@ -17,6 +17,7 @@ Periods are built once per weights in a process, as far as read, and kept
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Optional
 
@@ -44,6 +45,8 @@ class MixOrder:
         self.sources = sources
         self._start_counts: list[np.ndarray] = [np.zeros(sources, dtype=np.int64)]
         self._periods: OrderedDict[Shares, Period] = OrderedDict()
+        # (thread workers share the mix: the lazy caches grow under it)
+        self._lock = threading.RLock()
 
     def __getstate__(self) -> dict[str, object]:
         # Pickled to workers without its periods (each process builds those it reads).
@@ -52,26 +55,30 @@ class MixOrder:
     def __setstate__(self, state: dict[str, object]) -> None:
         vars(self).update(state)
         self._periods = OrderedDict()
+        self._lock = threading.RLock()
 
     def period(self, block: int) -> Period:
         """``block``'s scheduled period (built on first use)."""
         shares = self.blocks.shares(block)
-        period = self._periods.get(shares)
-        if period is None:
-            period = self._periods[shares] = Period(shares)
-            while len(self._periods) > _PERIODS_KEPT:
-                self._periods.popitem(last=False)
-        else:
-            self._periods.move_to_end(shares)
+        with self._lock:
+            period = self._periods.get(shares)
+            if period is None:
+                period = self._periods[shares] = Period(shares)
+                while len(self._periods) > _PERIODS_KEPT:
+                    self._periods.popitem(last=False)
+            else:
+                self._periods.move_to_end(shares)
         return period
 
     def start_counts(self, block: int) -> np.ndarray:
         """Each source's count before ``block``'s first position."""
-        while len(self._start_counts) <= block:
-            b = len(self._start_counts) - 1
-            end = self.blocks.end(b)
-            assert end is not None  # (only the last block has no end)
-            self._start_counts.append(self._counts_in(b, end))
+        if block >= len(self._start_counts):
+            with self._lock:
+                while len(self._start_counts) <= block:
+                    b = len(self._start_counts) - 1
+                    end = self.blocks.end(b)
+                    assert end is not None  # (only the last block has no end)
+                    self._start_counts.append(self._counts_in(b, end))
         return self._start_counts[block]
 
     def _anchor(self, block: int) -> tuple[int, np.ndarray]:
@@ -119,6 +126,8 @@ class MixOrder:
         """:meth:`locate` of each of ``positions`` (int64), as two int64 arrays."""
         sources = np.empty(len(positions), dtype=np.int64)
         counts = np.empty(len(positions), dtype=np.int64)
+        if not len(positions):
+            return sources, counts
         if self.blocks.kind == "constant":
             groups = [(0, np.arange(len(positions)))]
         else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import numbers
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
@@ -46,6 +47,17 @@ class Blocks:
         self.every = every
         self._shares: dict[tuple[float, ...], Shares] = {}
         self._runs: list[int] = []
+        # (thread workers share the mix: the lazy lists grow under it; reads of what is there take none)
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(vars(self))
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+        self._lock = threading.RLock()
 
     @property
     def kind(self) -> str:
@@ -81,12 +93,13 @@ class Blocks:
 
     def weights(self, block: int) -> tuple[float, ...]:
         """``block``'s weights, checked (a function's read once, at the block's start)."""
-        if self._function is None:
+        if self._function is None or block < len(self._weights):
             return self._weights[block]
-        while len(self._weights) <= block:
-            b = len(self._weights)
-            position = b * self.every  # type: ignore[operator]
-            self._weights.append(check_weights(self._function(position), self.names, f"weights({position})"))
+        with self._lock:
+            while len(self._weights) <= block:
+                b = len(self._weights)
+                position = b * self.every  # type: ignore[operator]
+                self._weights.append(check_weights(self._function(position), self.names, f"weights({position})"))
         return self._weights[block]
 
     def shares(self, block: int) -> Shares:
@@ -101,10 +114,12 @@ class Blocks:
         """The first block of the run of blocks with ``block``'s weights: a
         period runs on across blocks of equal weights, so a function
         schedule gives the order its steps given as a list would."""
-        while len(self._runs) <= block:
-            b = len(self._runs)
-            same = b > 0 and self.weights(b) == self.weights(b - 1)
-            self._runs.append(self._runs[b - 1] if same else b)
+        if block >= len(self._runs):
+            with self._lock:
+                while len(self._runs) <= block:
+                    b = len(self._runs)
+                    same = b > 0 and self.weights(b) == self.weights(b - 1)
+                    self._runs.append(self._runs[b - 1] if same else b)
         return self._runs[block]
 
     def fingerprint(self) -> list[Any]:
