@@ -131,7 +131,7 @@ class MixOrder:
         if self.blocks.kind == "constant":
             groups = [(0, np.arange(len(positions)))]
         else:
-            at = np.asarray([self.blocks.block_at(int(p)) for p in positions], dtype=np.int64)
+            at = self.blocks.blocks_at(positions)
             groups = [(int(b), np.flatnonzero(at == b)) for b in np.unique(at)]
         for block, where in groups:
             period = self.period(block)

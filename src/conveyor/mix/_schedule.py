@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
+import numpy as np
+
 from ._shares import Shares, check_weights, shares_of
 
 __all__ = ["Blocks", "blocks_of"]
@@ -90,6 +92,12 @@ class Blocks:
         if self.every is not None:
             return position // self.every
         return bisect.bisect_right(self._starts, position) - 1
+
+    def blocks_at(self, positions: np.ndarray) -> np.ndarray:
+        """:meth:`block_at` of each of ``positions`` (int64)."""
+        if self.every is not None:
+            return positions // self.every
+        return np.searchsorted(np.asarray(self._starts, dtype=np.int64), positions, side="right") - 1
 
     def weights(self, block: int) -> tuple[float, ...]:
         """``block``'s weights, checked (a function's read once, at the block's start)."""
