@@ -22,14 +22,14 @@ def rates_table(data: dict) -> str:
     """Samples/s per library for tiny and 4 KiB samples; in brackets conveyor's in-order mix over the peer."""
     rows = [
         "| samples | conveyor.Mix, shuffled sources | conveyor.Mix, sources in order | Grain MapDataset.mix | "
-        "HF interleave_datasets |",
-        "|---|---|---|---|---|",
+        "HF interleave_datasets | litdata CombinedStreamingDataset |",
+        "|---|---|---|---|---|---|",
     ]
     for kind, label in (("tiny", "tiny (an int)"), ("4k", "4 KiB arrays")):
         row = data[kind]
         rows.append(
             f"| {label} | {_rate(row['conveyor_samples_per_s'])} | {_rate(row['conveyor_in_order_samples_per_s'])} "
-            f"| {_peer(row, 'grain')} | {_peer(row, 'hf')} |"
+            f"| {_peer(row, 'grain')} | {_peer(row, 'hf')} | {_peer(row, 'litdata')} |"
         )
     return "\n".join(rows)
 
