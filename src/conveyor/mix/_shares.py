@@ -25,7 +25,7 @@ __all__ = ["MAX_PERIOD", "Shares", "check_weights", "shares_of"]
 
 #: The longest period (positions) a mix's shares are realised over: the
 #: resolution of shares that are not simple fractions (2**-20), against a
-#: table of 6 bytes per position built once per weights (about 0.4 s).
+#: table of 6 bytes per position built once per weights, as far as read.
 MAX_PERIOD = 1 << 20
 #: The largest denominator a weight may have to count as a simple fraction.
 _SIMPLE_DENOMINATOR = 10**6
