@@ -37,6 +37,7 @@ def rates_table(data: dict) -> str:
 MIX: dict[str, Callable[[dict], str]] = {
     "rates": rates_table,
     "memory": lambda data: f"{data['memory']['peak_rss_added_mib']:.1f} MiB",
+    "flat": lambda data: f"{data['memory']['rss_added_first_vs_last_checkpoint_mib']:.1f} MiB",
     "positions": lambda data: f"{data['memory']['positions']:.0e}".replace("e+0", "e"),
     "resume": lambda data: f"{data['resume']['resume_at_90pct_s'] * 1000:.0f} ms",
     "fresh": lambda data: f"{data['resume']['fresh_first_batch_s'] * 1000:.0f} ms",
