@@ -128,3 +128,27 @@ def test_a_state_of_another_mix_is_refused():
     del it
     with pytest.raises(ValueError, match="mix_weights"):
         loader({"web": 1, "code": 1, "books": 1}).load_state_dict(state)
+
+
+def test_resume_after_a_change_of_weights():
+    def loader():
+        steps = [(0, WEIGHTS), (17, {"web": 1, "code": 3, "books": 1})]
+        return conveyor.DataLoader(
+            conveyor.IterableMix(_streams(), weights=steps, num_samples=60, stop="never"), batch_size=4
+        )
+
+    full = [b.tolist() for b in loader()]
+    first = loader()
+    it = iter(first)
+    served = [next(it).tolist() for _ in range(6)]  # past position 17
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert served + [b.tolist() for b in resumed] == full
+
+
+def test_a_source_that_yields_nothing_is_named():
+    mix = conveyor.IterableMix({"a": range(3), "b": range(0)}, weights={"a": 1, "b": 1}, num_samples=10, stop="never")
+    with pytest.raises(ValueError, match="the source 'b' yielded nothing in a whole epoch"):
+        list(mix)

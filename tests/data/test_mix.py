@@ -281,3 +281,15 @@ def test_each_block_of_a_schedule_keeps_its_prefixes_within_one_sample(steps):
         _, indices = mix.locate_many(np.flatnonzero(sources == s))
         whole = len(indices) // n * n
         assert all(sorted(indices[i : i + n].tolist()) == list(range(n)) for i in range(0, whole, n))
+
+
+def test_positions_outside_the_mix_and_bad_prefixes_are_refused():
+    mix = conveyor.Mix({"a": [1, 2, 3], "b": [4, 5]}, weights={"a": 1, "b": 1}, num_samples=10)
+    assert mix[-1] == mix[9]
+    with pytest.raises(IndexError, match="outside the mix's 10 positions"):
+        mix[10]
+    with pytest.raises(IndexError, match="outside the mix's 10 positions"):
+        mix.__getitems__([0, 11])
+    with pytest.raises(ValueError, match=r"a position in \[0, 10\]"):
+        mix.report(11)
+    assert mix.report(0)["a"].served == 0 and mix.report(10)["a"].target == 5.0

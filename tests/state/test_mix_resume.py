@@ -45,6 +45,8 @@ def test_resume_is_exact_at_any_batch(num_workers, stop_after):
     "changes, key",
     [
         ({"seed": 12}, "mix_seed"),
+        ({"num_samples": 97}, "mix_length"),
+        ({"shuffle": False}, "mix_shuffle"),
         ({"weights": {"web": 1, "code": 1, "books": 1}}, "mix_weights"),
         (
             {
