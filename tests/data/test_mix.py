@@ -272,7 +272,13 @@ def test_each_block_of_a_schedule_keeps_its_prefixes_within_one_sample(steps):
     weights = [(start, dict(zip("abc", w))) for start, (_, w) in zip(starts, steps)]
     mix = conveyor.Mix(_sources({"a": 7, "b": 5, "c": 3}), weights=weights, num_samples=position)
     sources, _ = mix.locate_many(np.arange(position))
+    runs: list[list] = []  # (steps of equal weights one after another are one block of constant weights)
     for start, (length, w) in zip(starts, steps):
+        if runs and runs[-1][2] == w:
+            runs[-1][1] += length
+        else:
+            runs.append([start, length, w])
+    for start, length, w in runs:
         counts = _prefix_counts(sources[start : start + length], 3)
         shares = np.array(w) / sum(w)
         assert np.abs(counts - np.arange(1, length + 1)[:, None] * shares).max() < 1

@@ -40,6 +40,11 @@ __all__ = ["Mix", "STOPS", "check_sources"]
 STOPS = ("first", "all", "never")
 #: Permutations kept per source (one per epoch in use; two cover a wrap).
 _PERMUTATIONS_KEPT = 4
+#: A source up to this long has its epoch's permutation written out once per
+#: process (4 bytes a sample, 1 MiB at most), a batch then read by one numpy
+#: index instead of the keyed permutation's rounds; longer ones are computed
+#: per position, as always.
+_TABULATED_MAX = 1 << 18
 
 
 def check_sources(sources: Any, owner: str) -> tuple[tuple[str, ...], tuple[Any, ...]]:
@@ -133,6 +138,7 @@ class Mix(Dataset[Any]):
     _blocks: Blocks
     _order: MixOrder
     _permutations: dict[tuple[int, int], KeyedPermutation]
+    _tables: dict[tuple[int, int], np.ndarray]
 
     def __init__(
         self,
@@ -165,6 +171,11 @@ class Mix(Dataset[Any]):
         self._order = MixOrder(self._blocks, len(self.names))
         self.stop, self._length = self._stop_and_length(stop, num_samples)
         self._permutations = {}
+        self._tables = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # (sent to workers without its caches: each process writes out what it reads)
+        return {**vars(self), "_permutations": {}, "_tables": {}}
 
     # -- length ---------------------------------------------------------------
 
@@ -221,6 +232,19 @@ class Mix(Dataset[Any]):
             self._permutations[key] = permutation
         return permutation
 
+    def _table(self, source: int, epoch: int) -> Optional[np.ndarray]:
+        """Source ``source``'s permutation of ``epoch`` written out (None for a long source)."""
+        if self.lengths[source] > _TABULATED_MAX:
+            return None
+        key = (source, epoch)
+        table = self._tables.get(key)
+        if table is None:
+            if len(self._tables) >= _PERMUTATIONS_KEPT * len(self.names):
+                self._tables.clear()
+            table = self._permutation(source, epoch).block(0, self.lengths[source]).astype(np.int32)
+            self._tables[key] = table
+        return table
+
     def _index(self, source: int, count: int) -> int:
         epoch, within = divmod(count, self.lengths[source])
         return self._permutation(source, epoch)[within] if self.shuffle else within
@@ -247,7 +271,9 @@ class Mix(Dataset[Any]):
                 continue
             for epoch in np.unique(epochs).tolist():
                 sel = epochs == epoch
-                indices[where[sel]] = self._permutation(s, epoch).take(within[sel])
+                table = self._table(s, epoch)
+                chosen = within[sel]
+                indices[where[sel]] = table[chosen] if table is not None else self._permutation(s, epoch).take(chosen)
         return sources, indices
 
     def __getitem__(self, position: int) -> Any:
