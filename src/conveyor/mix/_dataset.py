@@ -9,7 +9,9 @@
 Nothing of the mix's size is stored and nothing changes as it is read: the
 map is a pure function of (seed, weights, position), so any sampler (one
 that shuffles the positions too), any number of workers and ranks, and a
-resume at any position see the same samples. The mix itself needs no
+resume at any position see the same samples (a source of up to 2**18
+samples has each epoch's permutation written out once per process, a
+cache of the same map). The mix itself needs no
 state; a loader's state records what shapes its order
 (:meth:`Mix.resume_settings`), so a state saved over another mix is
 refused, naming what differs.
@@ -87,10 +89,10 @@ class Mix(Dataset[Any]):
     schedule) is within one sample per source of its share: after ``p``
     positions, source ``s`` has served ``c`` samples with
     ``|c - p * share_s| < 1``. The shares are the weights normalised, exact
-    when the weights are ratios of small integers, else within ``2**-20`` times the
-    number of sources
-    (``mix/_shares.py``; ``Mix.shares`` gives them). How the order is built
-    and why it holds: ``mix/_period.py``.
+    when the weights are ratios of small integers, else each within
+    ``2**-20`` times the number of sources (``mix/_shares.py``;
+    ``Mix.shares`` gives them). How the order is built and why it holds:
+    ``mix/_period.py``.
 
     Each source is read in its own keyed permutation (``shuffle=True``), a
     new one each time it wraps into a new epoch (key from ``seed``, its
