@@ -5,6 +5,9 @@ resume through the loader (streams with and without state of their own,
 
 from __future__ import annotations
 
+import io
+import tarfile
+
 import pytest
 
 import conveyor
@@ -152,3 +155,49 @@ def test_a_source_that_yields_nothing_is_named():
     mix = conveyor.IterableMix({"a": range(3), "b": range(0)}, weights={"a": 1, "b": 1}, num_samples=10, stop="never")
     with pytest.raises(ValueError, match="the source 'b' yielded nothing in a whole epoch"):
         list(mix)
+
+
+def _tar_shards(folder, prefix, counts):
+    """Tar shards of ``counts`` samples each; sample ``k``'s text is ``f"{prefix}{k}"``."""
+    folder.mkdir()
+    k = 0
+    for number, count in enumerate(counts):
+        with tarfile.open(folder / f"shard-{number}.tar", "w") as tar:
+            for _ in range(count):
+                data = f"{prefix}{k}".encode()
+                member = tarfile.TarInfo(f"{k:06d}.txt")
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+                k += 1
+    return folder
+
+
+@pytest.mark.parametrize("stop_after", [2, 7])
+def test_shard_streams_mix_and_resume_exactly(tmp_path, stop_after):
+    from conveyor.shards import ShardDataset
+
+    web = _tar_shards(tmp_path / "web", "w", [3, 4, 2])
+    books = _tar_shards(tmp_path / "books", "b", [2, 1])
+
+    def loader():
+        streams = {
+            "web": ShardDataset(web, transform=lambda s: s["txt"]).stream(shuffle_shards=True, seed=1),
+            "books": ShardDataset(books, transform=lambda s: s["txt"]).stream(shuffle_shards=True, seed=2),
+        }
+        mix = conveyor.IterableMix(streams, weights={"web": 2, "books": 1}, num_samples=40, stop="never")
+        return conveyor.DataLoader(mix, batch_size=2, collate_fn=list)
+
+    full = list(loader())
+    samples = [x for batch in full for x in batch]
+    assert len(samples) == 40 and sum(x.startswith("b") for x in samples) in (13, 14)
+    web_read = [x for x in samples if x.startswith("w")]
+    for epoch in range(2):  # each of web's epochs reads its 9 samples once (its shards reshuffled per epoch)
+        assert sorted(web_read[9 * epoch : 9 * epoch + 9]) == sorted(f"w{k}" for k in range(9))
+    first = loader()
+    it = iter(first)
+    served = [next(it) for _ in range(stop_after)]
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert served + list(resumed) == full
