@@ -201,3 +201,8 @@ def test_shard_streams_mix_and_resume_exactly(tmp_path, stop_after):
     resumed = loader()
     resumed.load_state_dict(state)
     assert served + list(resumed) == full
+
+
+def test_each_pass_starts_the_streams_at_their_first_epoch():
+    mix = conveyor.IterableMix(_streams(), weights=WEIGHTS, num_samples=60, stop="never")
+    assert list(mix) == list(mix)  # (books reached epoch 3 in the first pass; the second starts it at 0 again)

@@ -11,7 +11,8 @@ it has one, then a new ``iter()``): with ``stop="all"`` until every source
 has run out once, with ``stop="never"`` for good (``num_samples=`` then
 bounds the mix). With worker processes each worker mixes its own copy, over
 the share of each stream that the stream gives that worker (streams shard
-themselves, as ``ShardStream`` and ``ShardedIterable`` do).
+themselves, as ``ShardStream`` and ``ShardedIterable`` do). The mix owns its
+streams' epochs: each pass over it starts them at epoch 0 (``set_epoch(0)``).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class _MixIterator(Iterator[Any]):
         if iterator is None:
             source = self.mix.sources[s]
             set_epoch = getattr(source, "set_epoch", None)
-            if callable(set_epoch) and self.epochs[s]:
+            if callable(set_epoch):  # (every pass of the mix starts its streams at their epoch 0)
                 set_epoch(self.epochs[s])
             iterator = self._iterators[s] = iter(source)
         return iterator
