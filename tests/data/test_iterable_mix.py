@@ -206,3 +206,29 @@ def test_shard_streams_mix_and_resume_exactly(tmp_path, stop_after):
 def test_each_pass_starts_the_streams_at_their_first_epoch():
     mix = conveyor.IterableMix(_streams(), weights=WEIGHTS, num_samples=60, stop="never")
     assert list(mix) == list(mix)  # (books reached epoch 3 in the first pass; the second starts it at 0 again)
+
+
+def test_two_passes_at_once_each_move_their_own_streams_epochs():
+    # (thread workers iterate copy.copy's of the mix, which share its streams)
+    mix = conveyor.IterableMix(
+        {"a": _Epochs(0), "b": _Epochs(100)}, weights={"a": 3, "b": 1}, num_samples=40, stop="never"
+    )
+    alone = list(mix)
+    one, two = iter(mix), iter(mix)
+    ahead = [next(one) for _ in range(7)]  # (one pass a stream's epoch ahead of the other)
+    together = [(next(one), next(two)) for _ in range(33)]
+    assert ahead + [x for x, _ in together] == alone and [y for _, y in together] == alone[:33]
+
+
+class _Epochs:
+    """Five items, shifted by 1000 per epoch (``set_epoch``), read from the stream as it stands."""
+
+    def __init__(self, start):
+        self.start, self.epoch = start, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        for i in range(5):
+            yield self.start + 1000 * self.epoch + i

@@ -12,11 +12,15 @@ has run out once, with ``stop="never"`` for good (``num_samples=`` then
 bounds the mix). With worker processes each worker mixes its own copy, over
 the share of each stream that the stream gives that worker (streams shard
 themselves, as ``ShardStream`` and ``ShardedIterable`` do). The mix owns its
-streams' epochs: each pass over it starts them at epoch 0 (``set_epoch(0)``).
+streams' epochs: each pass over it starts them at epoch 0 (``set_epoch(0)``),
+on a ``copy.copy`` of each stream that has ``set_epoch``, so two passes at
+once (thread workers share the mix's streams) move their own epochs (an
+epoch a stream keeps in an object it holds is still shared).
 """
 
 from __future__ import annotations
 
+import copy
 import numbers
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional
@@ -107,12 +111,15 @@ class _MixIterator(Iterator[Any]):
         self.taken = [0] * n
         self.ran_out = [False] * n
         self._iterators: list[Optional[Iterator[Any]]] = [None] * n
+        # A stream whose epoch the mix sets is a copy of its own (thread workers share the mix's
+        # streams, as copy.copy of the mix shares them: each worker's iterator moves its own epochs).
+        self._streams = [copy.copy(s) if callable(getattr(s, "set_epoch", None)) else s for s in mix.sources]
         self._done = False
 
     def _iterator(self, s: int) -> Iterator[Any]:
         iterator = self._iterators[s]
         if iterator is None:
-            source = self.mix.sources[s]
+            source = self._streams[s]
             set_epoch = getattr(source, "set_epoch", None)
             if callable(set_epoch):  # (every pass of the mix starts its streams at their epoch 0)
                 set_epoch(self.epochs[s])
