@@ -16,10 +16,10 @@ A generated table is the same, its comments on lines of their own:
 
     <!-- /bench -->
 
-``bench:`` figures come from the results file, ``images:`` ones from
-bench/results-images.json (bench/images.py), ``ray:`` ones from
-bench/results-ray-workers.json (bench/ray_workers.py), ``locality:`` ones from
-bench/results-locality.json (bench/locality.py); ``repo:`` ones from other
+``bench:`` figures come from the results file; each other benchmark's from
+its own results file (``SOURCES``: ``images:`` from bench/results-images.json,
+written by bench/images.py, ``ray:``, ``locality:``, ``mix:``);
+``repo:`` ones from other
 files of this repository (the development extras in pyproject.toml, an
 example's defaults), so that the docs cannot drift from those either. An
 inline figure must not begin a line: Markdown would take the comment for
@@ -35,25 +35,38 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any, Callable, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from figures import BENCH, REPO, Results  # noqa: E402  (bench/figures.py: what each figure is)
 from image_figures import IMAGES  # noqa: E402  (bench/image_figures.py: bench/images.py's figures)
 from locality_figures import LOCALITY  # noqa: E402  (bench/locality_figures.py: bench/locality.py's figures)
+from mix_figures import MIX  # noqa: E402  (bench/mix_figures.py: bench/mix.py's figures)
 from ray_figures import RAY  # noqa: E402  (bench/ray_figures.py: bench/ray_workers.py's figures)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results-latest.json"
-#: bench/images.py's results, the source of ``images:`` figures.
-IMAGE_RESULTS = ROOT / "bench" / "results-images.json"
-#: bench/ray_workers.py's results, the source of ``ray:`` figures.
-RAY_RESULTS = ROOT / "bench" / "results-ray-workers.json"
-#: bench/locality.py's results, the source of ``locality:`` figures.
-LOCALITY_RESULTS = ROOT / "bench" / "results-locality.json"
 
-#: A figure: <!-- bench:NAME -->text<!-- /bench --> (or repo:), text on one line or a block of lines.
-MARKER = re.compile(r"<!-- (bench|repo|images|ray|locality):([\w.-]+) -->(.*?)<!-- /\1 -->", re.DOTALL)
+
+class Source(NamedTuple):
+    """A benchmark's figures: what each is (name -> function of its results), its results file, its script."""
+
+    figures: dict[str, Callable[[Any], str]]
+    results: Path
+    script: str
+
+
+#: The benchmarks other than bench/run.py whose figures the docs quote, by marker name.
+SOURCES = {
+    "images": Source(IMAGES, ROOT / "bench" / "results-images.json", "bench/images.py"),
+    "ray": Source(RAY, ROOT / "bench" / "results-ray-workers.json", "bench/ray_workers.py"),
+    "locality": Source(LOCALITY, ROOT / "bench" / "results-locality.json", "bench/locality.py"),
+    "mix": Source(MIX, ROOT / "bench" / "results-mix.json", "bench/mix.py"),
+}
+
+#: A figure: <!-- bench:NAME -->text<!-- /bench --> (or repo:, or a name of SOURCES), on one line or a block of lines.
+MARKER = re.compile(rf"<!-- (bench|repo|{'|'.join(SOURCES)}):([\w.-]+) -->(.*?)<!-- /\1 -->", re.DOTALL)
 
 
 def doc_paths(root: Path = ROOT) -> list[Path]:
@@ -65,30 +78,23 @@ def doc_paths(root: Path = ROOT) -> list[Path]:
 class Figures:
     """What each marker should hold, from the results and the repository."""
 
-    def __init__(self, results: dict, root: Path = ROOT, image_results: Path = IMAGE_RESULTS):
+    def __init__(self, results: dict, root: Path = ROOT):
         self.results, self.root = Results(results), root
-        self.image_results = load_results(image_results) if image_results.exists() else None
-        self.ray_results = load_results(RAY_RESULTS) if RAY_RESULTS.exists() else None
-        self.locality_results = load_results(LOCALITY_RESULTS) if LOCALITY_RESULTS.exists() else None
+        self.other = {
+            name: load_results(source.results) if source.results.exists() else None for name, source in SOURCES.items()
+        }
 
     def value(self, source: str, name: str) -> str:
-        table = {"bench": BENCH, "repo": REPO, "images": IMAGES, "ray": RAY, "locality": LOCALITY}[source]
+        table = {"bench": BENCH, "repo": REPO, **{k: s.figures for k, s in SOURCES.items()}}[source]
         if name not in table:
             raise KeyError(f"no {source} figure named {name!r} (bench/docs_figures.py knows {sorted(table)})")
-        if source == "images" and self.image_results is None:
-            raise KeyError(f"no {IMAGE_RESULTS.name} to take images:{name} from (run bench/images.py)")
-        if source == "ray" and self.ray_results is None:
-            raise KeyError(f"no {RAY_RESULTS.name} to take ray:{name} from (run bench/ray_workers.py)")
-        if source == "locality" and self.locality_results is None:
-            raise KeyError(f"no {LOCALITY_RESULTS.name} to take locality:{name} from (run bench/locality.py)")
-        source_data = {
-            "bench": self.results,
-            "repo": self.root,
-            "images": self.image_results,
-            "ray": self.ray_results,
-            "locality": self.locality_results,
-        }[source]
-        return table[name](source_data)
+        if source in SOURCES:
+            results = self.other[source]
+            if results is None:
+                where = SOURCES[source]
+                raise KeyError(f"no {where.results.name} to take {source}:{name} from (run {where.script})")
+            return table[name](results)
+        return table[name](self.results if source == "bench" else self.root)
 
     def render(self, source: str, name: str, old: str) -> str:
         """The marker's new content: a block (a marker whose content starts

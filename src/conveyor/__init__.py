@@ -24,6 +24,7 @@ from .dataset import (
     random_split,
 )
 from .loader import DataLoader
+from .mix import IterableMix, Mix
 from .ray_options import RayWorkers
 from .rng import SampleRandom, derive_seed, sample_rng
 from .sampler import (
@@ -53,6 +54,8 @@ __all__ = [
     "Dataset",
     "DistributedSampler",
     "IterableDataset",
+    "IterableMix",
+    "Mix",
     "PadCollate",
     "RandomSampler",
     "RayWorkers",

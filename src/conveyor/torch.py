@@ -31,6 +31,7 @@ from . import __all__ as _core_names
 from . import collate as _collate
 from . import dataset as _dataset
 from . import loader as _loader
+from . import mix as _mix
 from . import sampler as _sampler
 from ._engine.errors import TransportError, WorkerDiedError  # noqa: F401  (re-exported)
 from ._engine.executor.watchdog import StallWarning  # noqa: F401  (re-exported)
@@ -86,6 +87,10 @@ if TYPE_CHECKING:
 
     class ShardedIterable(_dataset.ShardedIterable, _tud.IterableDataset): ...  # type: ignore[misc]
 
+    class Mix(_mix.Mix, _tud.Dataset[Any]): ...  # type: ignore[misc]
+
+    class IterableMix(_mix.IterableMix, _tud.IterableDataset[Any]): ...  # type: ignore[misc]
+
     class Sampler(_sampler.Sampler[_T_co], _tud.Sampler[_T_co]): ...
 
     class SequentialSampler(_sampler.SequentialSampler, _tud.SequentialSampler): ...
@@ -115,6 +120,8 @@ else:
     ChainDataset = _torch_flavoured(_dataset.ChainDataset, _tud.ChainDataset)
     Subset = _torch_flavoured(_dataset.Subset, _tud.Subset)
     ShardedIterable = _torch_flavoured(_dataset.ShardedIterable, _tud.IterableDataset)
+    Mix = _torch_flavoured(_mix.Mix, _tud.Dataset)
+    IterableMix = _torch_flavoured(_mix.IterableMix, _tud.IterableDataset)
 
     # Samplers: torch's draws; instances of torch's class of the same name, so
     # frameworks that look for torch's samplers (Lightning, Accelerate) find them.

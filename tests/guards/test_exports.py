@@ -52,6 +52,8 @@ CORE_NAMES = {
     "Dataset",
     "DistributedSampler",
     "IterableDataset",
+    "IterableMix",
+    "Mix",
     "PadCollate",
     "RandomSampler",
     "Sampler",

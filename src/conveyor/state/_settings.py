@@ -42,7 +42,24 @@ def settings(plan: Plan) -> dict[str, Any]:
         **_rank_layout(plan),
         # torch's own samplers have no state: the loader records what shapes their order.
         **({} if plan.iterable else torch_sampler_arguments(sampler)),
+        **dataset_settings(plan.loading.dataset),
     }
+
+
+def dataset_settings(dataset: Any) -> dict[str, Any]:
+    """What a dataset says shapes its order (``resume_settings()``, as
+    ``conveyor.Mix`` has: its sources, weights, seed): recorded, and a state
+    whose differ is refused. Nothing for other datasets."""
+    # (looked up on the type: a dataset that forwards every attribute with __getattr__ says nothing by it)
+    if not callable(getattr(type(dataset), "resume_settings", None)):
+        return {}
+    recorded = dataset.resume_settings()
+    if not isinstance(recorded, dict) or not all(isinstance(key, str) and "." not in key for key in recorded):
+        raise TypeError(
+            f"{type(dataset).__name__}.resume_settings() must return a dict with str keys (without '.'), got "
+            f"{recorded!r}"
+        )
+    return recorded
 
 
 def _rank_layout(plan: Plan) -> dict[str, Any]:

@@ -1,0 +1,110 @@
+"""A loader over conveyor.Mix resumes exactly (0 and 2 workers, after a
+change of weights too, through the torch façade with torch's generator, and
+from a job of two ranks on three), and refuses a state saved over another
+mix, naming what differs."""
+
+from __future__ import annotations
+
+import pytest
+
+import conveyor
+
+
+def _arguments():
+    return dict(
+        sources={"web": list(range(40)), "code": list(range(100, 113)), "books": list(range(200, 205))},
+        weights=[(0, {"web": 5, "code": 2, "books": 1}), (48, {"web": 1, "code": 2, "books": 1})],
+        seed=11,
+        num_samples=96,
+    )
+
+
+def _mix(**changes):
+    return conveyor.Mix(**{**_arguments(), **changes})
+
+
+def _loader(mix, num_workers=0):
+    return conveyor.DataLoader(mix, batch_size=8, shuffle=True, seed=3, num_workers=num_workers)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("stop_after", [1, 6, 9])  # batch 6 and later: past the change of weights at 48
+def test_resume_is_exact_at_any_batch(num_workers, stop_after):
+    full = [b.tolist() for b in _loader(_mix())]
+    loader = _loader(_mix(), num_workers)
+    it = iter(loader)
+    served = [next(it).tolist() for _ in range(stop_after)]
+    state = loader.state_dict()
+    del it
+    resumed = _loader(_mix(), num_workers)
+    resumed.load_state_dict(state)
+    assert served + [b.tolist() for b in resumed] == full
+
+
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"seed": 12}, "mix_seed"),
+        ({"num_samples": 97}, "mix_length"),
+        ({"shuffle": False}, "mix_shuffle"),
+        ({"weights": {"web": 1, "code": 1, "books": 1}}, "mix_weights"),
+        (
+            {
+                "sources": {"web": list(range(40)), "code": list(range(100, 113)), "novels": list(range(200, 205))},
+                "weights": [(0, {"web": 5, "code": 2, "novels": 1}), (48, {"web": 1, "code": 2, "novels": 1})],
+            },
+            "mix_sources",
+        ),
+    ],
+)
+def test_a_state_of_another_mix_is_refused_naming_what_differs(changes, key):
+    loader = _loader(_mix())
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    other = _loader(_mix(**changes))
+    with pytest.raises(ValueError) as raised:
+        other.load_state_dict(state)
+    assert key in str(raised.value)
+
+
+def test_a_job_of_two_ranks_resumes_on_three_serving_each_position_once():
+    mix = _mix(num_samples=60)
+
+    def loader(ranks, rank):
+        sampler = conveyor.DistributedSampler(mix, num_replicas=ranks, rank=rank, shuffle=True, seed=2)
+        return conveyor.DataLoader(mix, batch_size=4, sampler=sampler)
+
+    served, states = [], []
+    for rank in range(2):
+        first = loader(2, rank)
+        it = iter(first)
+        served += [x for _ in range(3) for x in next(it).tolist()]
+        states.append(first.state_dict())
+        del it
+    for rank in range(3):
+        resumed = loader(3, rank)
+        resumed.load_state_dict(states[0])  # (the ranks of a synchronous job stand at the same position)
+        served += [x for batch in resumed for x in batch.tolist()]
+    assert sorted(served) == sorted(mix[p] for p in range(60))
+
+
+def test_the_torch_facade_resumes_a_mix_with_torch_s_generator():
+    import torch
+
+    import conveyor.torch as ct
+
+    def loader():
+        generator = torch.Generator().manual_seed(9)
+        return ct.DataLoader(ct.Mix(**_arguments()), batch_size=8, shuffle=True, generator=generator)
+
+    full = [b.tolist() for b in loader()]
+    first = loader()
+    it = iter(first)
+    served = [next(it).tolist() for _ in range(7)]
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert served + [b.tolist() for b in resumed] == full
