@@ -15,13 +15,17 @@ messages; every one can report and restore its position (``state_dict``).
 * ``samplers``     Sampler, SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 * ``batch``        BatchSampler
 * ``replay``       resuming a sampler that is not conveyor's, by replaying its iteration
-* ``distributed``  DistributedSampler and the sharding it shares
+* ``distributed``  DistributedSampler (a stored or a computed order)
+* ``sharded``      ShardedSampler
+* ``sharding``     the sharding they and TokenBudgetBatchSampler share (pad or cut, every n-th)
+* ``permutation``  KeyedPermutation: a keyed permutation of [0, n), computed per position
+* ``order``        order="stored" | "computed" | "auto": the choice, the threshold, computed blocks
 * ``token_budget`` TokenBudgetBatchSampler
 * ``arguments``    the argument checks they share
 """
 
 from .batch import BatchSampler
-from .distributed import DistributedSampler, ShardedSampler
+from .distributed import DistributedSampler
 from .replay import (  # noqa: F401  (used by loader, state)
     batch_fingerprint,
     fingerprint_problem,
@@ -32,6 +36,7 @@ from .replay import (  # noqa: F401  (used by loader, state)
 )
 from .resumable import _has_position  # noqa: F401  (used by state)
 from .samplers import RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler
+from .sharded import ShardedSampler
 from .token_budget import TokenBudgetBatchSampler
 
 __all__ = [

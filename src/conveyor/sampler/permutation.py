@@ -44,6 +44,14 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
+_M1, _M2 = np.uint64(_MIX1), np.uint64(_MIX2)
+_S29, _S32 = np.uint64(29), np.uint64(32)
+#: The largest n whose indices fit an int64 (take and block return int64 up to it).
+_INT64_LIMIT = 1 << 63
+#: Positions mapped at a time: four uint64 arrays of it (x, its other half and two
+#: scratch ones), 2 MiB, stay in a core's L2 cache between the rounds' operations, and each
+#: numpy call's fixed cost is spread over enough items.
+_CHUNK_ITEMS = 1 << 16
 
 
 def _splitmix(x: int) -> int:
@@ -128,35 +136,73 @@ class KeyedPermutation:
             x = self._feistel(x)
         return x
 
-    def _feistel_array(self, x: np.ndarray) -> np.ndarray:
+    def _feistel_array(self, x: np.ndarray, scratch: np.ndarray) -> None:
+        """The Feistel network over ``x`` (uint64), in place; ``scratch`` is
+        as long as ``x``. Every operation writes into an array already held,
+        so a chunk of ``_CHUNK_ITEMS`` stays in the CPU's cache."""
         half, mask = np.uint64(self._half), np.uint64(self._mask)
-        m1, m2 = np.uint64(_MIX1), np.uint64(_MIX2)
-        s29, s32 = np.uint64(29), np.uint64(32)
-        left, right = x >> half, x & mask
+        left = np.right_shift(x, half)
+        right = np.bitwise_and(x, mask, out=x)
+        f, t = scratch, np.empty_like(scratch)
         for k in self._np_keys:
-            f = (right ^ k) * m1
-            f = (f ^ (f >> s29)) * m2
-            left, right = right, left ^ ((f ^ (f >> s32)) & mask)
-        return (left << half) | right
+            np.bitwise_xor(right, k, out=f)
+            np.multiply(f, _M1, out=f)
+            np.right_shift(f, _S29, out=t)
+            np.bitwise_xor(f, t, out=f)
+            np.multiply(f, _M2, out=f)
+            np.right_shift(f, _S32, out=t)
+            np.bitwise_xor(f, t, out=f)
+            np.bitwise_and(f, mask, out=f)
+            np.bitwise_xor(left, f, out=left)  # the new right half
+            left, right = right, left
+        # (left and right are x's buffer and one of its own, in either order: the result goes into x)
+        np.left_shift(left, half, out=t)
+        np.bitwise_or(t, right, out=x)
+
+    def _map_chunk(self, x: np.ndarray) -> None:
+        """Positions ``x`` (uint64, each below n) to their indices, in place."""
+        scratch = np.empty_like(x)
+        n = np.uint64(self.n)
+        with np.errstate(over="ignore"):
+            self._feistel_array(x, scratch)
+            out = np.flatnonzero(x >= n)
+            while out.size:  # cycle walking: a few values at a time, each on its own cycle
+                walked = x[out]
+                self._feistel_array(walked, np.empty_like(walked))
+                x[out] = walked
+                out = out[walked >= n]
 
     def take(self, positions: Any) -> np.ndarray:
-        """The indices at ``positions`` (an array-like of ints in ``[0, n)``),
-        as uint64 (int64 when ``n`` fits in it)."""
-        x = np.asarray(positions)
-        if x.size and not np.issubdtype(x.dtype, np.integer):
-            raise TypeError(f"a permutation's positions are ints, got an array of {x.dtype}")
-        x = x.astype(np.uint64, copy=True)
-        if x.size and (np.asarray(positions).min() < 0 or int(x.max()) >= self.n):
-            raise IndexError(f"positions outside a permutation of {self.n}")
-        n = np.uint64(self.n) if self.n else np.uint64(0)
-        with np.errstate(over="ignore"):
-            x = self._feistel_array(x)
-            out = x >= n
-            while out.any():
-                x[out] = self._feistel_array(x[out])
-                out = x >= n
-        return x.astype(np.int64) if self.n <= np.iinfo(np.int64).max + 1 else x
+        """The indices at ``positions`` (an array-like of ints in ``[0, n)``,
+        negative ones not allowed), as int64 (uint64 when ``n`` is past
+        ``2**63``), in the shape of ``positions``. The same indices as ``[i]``."""
+        given = np.asarray(positions)
+        if given.size and not np.issubdtype(given.dtype, np.integer):
+            raise TypeError(f"a permutation's positions are ints, got an array of {given.dtype}")
+        if given.size and ((given.dtype.kind == "i" and int(given.min()) < 0) or int(given.max()) >= self.n):
+            low, high = int(given.min()), int(given.max())
+            raise IndexError(f"positions {low}..{high} reach outside a permutation of {self.n} (positions 0..n-1)")
+        flat = given.astype(np.uint64, copy=True).reshape(-1)
+        for start in range(0, flat.size, _CHUNK_ITEMS):
+            self._map_chunk(flat[start : start + _CHUNK_ITEMS])
+        x = flat.reshape(given.shape)
+        return x.view(np.int64) if self.n <= _INT64_LIMIT else x
 
     def block(self, start: int, stop: int) -> np.ndarray:
-        """The indices at positions ``start, start + 1, ..., stop - 1``."""
-        return self.take(np.arange(start, stop, dtype=np.uint64))
+        """The indices at positions ``start, start + 1, ..., stop - 1`` (``0 <= start <= stop <= n``)."""
+        if (
+            isinstance(start, bool)
+            or isinstance(stop, bool)
+            or not all(isinstance(v, (int, np.integer)) for v in (start, stop))
+        ):
+            raise TypeError(f"a block's start and stop are ints, got {start!r} and {stop!r}")
+        start, stop = int(start), int(stop)
+        if not 0 <= start <= stop <= self.n:
+            raise IndexError(
+                f"block [{start}, {stop}) is not inside a permutation of {self.n} (0 <= start <= stop <= n)"
+            )
+        x = np.arange(stop - start, dtype=np.uint64)
+        x += np.uint64(start)
+        for first in range(0, x.size, _CHUNK_ITEMS):
+            self._map_chunk(x[first : first + _CHUNK_ITEMS])
+        return x.view(np.int64) if self.n <= _INT64_LIMIT else x

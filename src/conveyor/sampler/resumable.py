@@ -202,6 +202,12 @@ class _Resumable:
     def _chunks(self, context: Any) -> Iterable[Sequence[Any]]:
         raise NotImplementedError
 
+    def _chunks_from(self, context: Any, position: int) -> Iterable[Sequence[Any]]:
+        """The items from ``position`` on: ``_chunks`` with the first
+        ``position`` items dropped (every chunk drawn again). A sampler
+        whose order is computed per position overrides it to start there."""
+        return _drop(self._chunks(context), position)
+
     def _idle_record(self) -> Any:
         return None
 
@@ -237,7 +243,7 @@ class _Resumable:
         sampler jumps (draws its chunks again, hands out none before the
         position, reads no sample)."""
         cursor, context = self._start()
-        for chunk in _drop(self._chunks(context), cursor.position):
+        for chunk in self._chunks_from(context, cursor.position):
             yield from cursor.feed(chunk)
         cursor.done = True
 
