@@ -14,7 +14,7 @@ import pytest
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 #: Pages whose every plain ```python block must run.
-PAGES = ["text.md", "numpy.md"]
+PAGES = ["text.md", "numpy.md", "scale.md"]
 
 _BLOCK = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 

@@ -7,14 +7,19 @@ pseudo-random permutation of ``[0, n)`` chosen by ``key``. Nothing of size
 ``n`` is (up to ``2**64 - 1``), so an epoch over ``10**10`` samples starts
 at once, any position is reached in O(1), and a state needs only the key.
 
-How: a balanced Feistel network over ``2h`` bits, the smallest even width
-with ``2**(2h) >= n`` (so the domain is under ``4n``), whose round function
-is a 64-bit multiply-xorshift mix of the half and the round's key. A Feistel
-network is a bijection of its domain whatever its round function; a value
-that lands at ``n`` or above is mapped again ("cycle walking") until it lands
-below ``n``. The walk stays on the value's cycle, which holds ``i`` itself,
-so it ends, and restricted to ``[0, n)`` the map is again a bijection. The
-expected number of walks is under 4 (the domain is under ``4n``).
+How: a Feistel network over ``b`` bits, the smallest width with
+``2**b >= n`` (at least 2), so the domain is under ``2n``. The value is cut
+into a high part of ``b // 2`` bits and a low part of the rest; each round
+maps ``(high, low)`` to ``(low, high ^ F(low))``, ``F`` cut to the high
+part's width, so the parts swap widths each round (for an odd ``b`` they
+differ by one bit) and are back in place after an even number of rounds.
+``F`` is a 64-bit multiply-xorshift mix of the part and the round's key.
+Each round is a bijection whatever ``F`` is (``high`` is recovered as
+``low' ^ F(high')``), so the network is one of the domain; a value that lands
+at ``n`` or above is mapped again ("cycle walking") until it lands below
+``n``. The walk stays on the value's cycle, which holds ``i`` itself, so it
+ends, and restricted to ``[0, n)`` the map is again a bijection. The
+expected number of walks is under 2 (the domain is under ``2n``).
 
 Eight rounds: four rounds of a pseudo-random function already make a
 strong pseudo-random permutation (Luby and Rackoff); the others are margin
@@ -77,22 +82,25 @@ class KeyedPermutation:
     two keys give independent permutations), computed per position in O(1)
     time and memory."""
 
-    __slots__ = ("n", "key", "_half", "_mask", "_keys", "_np_keys")
+    __slots__ = ("n", "key", "_low_bits", "_masks", "_keys", "_np_keys", "_np_masks")
 
     def __init__(self, n: int, key: int) -> None:
         self.n = _check_length(n)
         if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
             raise TypeError(f"a permutation's key must be an int, got {type(key).__name__}")
         self.key = int(key) & _MASK64
-        bits = max(1, (self.n - 1).bit_length()) if self.n > 1 else 1
-        self._half = (bits + 1) // 2
-        self._mask = (1 << self._half) - 1
+        bits = max(2, (self.n - 1).bit_length())
+        high_bits = bits // 2
+        self._low_bits = bits - high_bits
+        # Round r's F is cut to the high part's width, which alternates between the two.
+        self._masks = tuple((1 << (high_bits if r % 2 == 0 else self._low_bits)) - 1 for r in range(ROUNDS))
         keys, state = [], self.key
         for _ in range(ROUNDS):
             state = _splitmix(state)
             keys.append(state)
         self._keys = tuple(keys)
         self._np_keys = tuple(np.uint64(k) for k in keys)
+        self._np_masks = tuple(np.uint64(m) for m in self._masks)
 
     def __len__(self) -> int:
         # (len() is limited to sys.maxsize; a permutation past it still maps positions)
@@ -114,13 +122,13 @@ class KeyedPermutation:
         self.__init__(*state)  # type: ignore[misc]
 
     def _feistel(self, x: int) -> int:
-        half, mask = self._half, self._mask
-        left, right = x >> half, x & mask
-        for k in self._keys:
-            f = ((right ^ k) * _MIX1) & _MASK64
+        low_bits = self._low_bits
+        high, low = x >> low_bits, x & ((1 << low_bits) - 1)
+        for k, mask in zip(self._keys, self._masks):
+            f = ((low ^ k) * _MIX1) & _MASK64
             f = ((f ^ (f >> 29)) * _MIX2) & _MASK64
-            left, right = right, left ^ ((f ^ (f >> 32)) & mask)
-        return (left << half) | right
+            high, low = low, high ^ ((f ^ (f >> 32)) & mask)
+        return (high << low_bits) | low  # (an even number of rounds: the parts are back at their widths)
 
     def __getitem__(self, position: int) -> int:
         """The index at ``position`` (negative positions count from the end)."""
@@ -140,11 +148,11 @@ class KeyedPermutation:
         """The Feistel network over ``x`` (uint64), in place; ``scratch`` is
         as long as ``x``. Every operation writes into an array already held,
         so a chunk of ``_CHUNK_ITEMS`` stays in the CPU's cache."""
-        half, mask = np.uint64(self._half), np.uint64(self._mask)
-        left = np.right_shift(x, half)
-        right = np.bitwise_and(x, mask, out=x)
+        low_bits = np.uint64(self._low_bits)
+        left = np.right_shift(x, low_bits)
+        right = np.bitwise_and(x, np.uint64((1 << self._low_bits) - 1), out=x)
         f, t = scratch, np.empty_like(scratch)
-        for k in self._np_keys:
+        for k, mask in zip(self._np_keys, self._np_masks):
             np.bitwise_xor(right, k, out=f)
             np.multiply(f, _M1, out=f)
             np.right_shift(f, _S29, out=t)
@@ -156,7 +164,7 @@ class KeyedPermutation:
             np.bitwise_xor(left, f, out=left)  # the new right half
             left, right = right, left
         # (left and right are x's buffer and one of its own, in either order: the result goes into x)
-        np.left_shift(left, half, out=t)
+        np.left_shift(left, low_bits, out=t)
         np.bitwise_or(t, right, out=x)
 
     def _map_chunk(self, x: np.ndarray) -> None:

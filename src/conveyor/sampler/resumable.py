@@ -241,7 +241,8 @@ class _Resumable:
         """The iteration's items from the cursor's position on: resume
         mechanism 1 (docs/architecture.md, "Resume mechanisms"), the
         sampler jumps (draws its chunks again, hands out none before the
-        position, reads no sample)."""
+        position, reads no sample; a computed order starts at the position
+        itself: ``_chunks_from``)."""
         cursor, context = self._start()
         for chunk in self._chunks_from(context, cursor.position):
             yield from cursor.feed(chunk)
