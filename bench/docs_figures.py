@@ -18,7 +18,8 @@ A generated table is the same, its comments on lines of their own:
 
 ``bench:`` figures come from the results file, ``images:`` ones from
 bench/results-images.json (bench/images.py), ``ray:`` ones from
-bench/results-ray-workers.json (bench/ray_workers.py); ``repo:`` ones from other
+bench/results-ray-workers.json (bench/ray_workers.py), ``order:`` ones from
+bench/results-scale-order.json (bench/scale_order.py); ``repo:`` ones from other
 files of this repository (the development extras in pyproject.toml, an
 example's defaults), so that the docs cannot drift from those either. An
 inline figure must not begin a line: Markdown would take the comment for
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from figures import BENCH, REPO, Results  # noqa: E402  (bench/figures.py: what each figure is)
 from image_figures import IMAGES  # noqa: E402  (bench/image_figures.py: bench/images.py's figures)
+from order_figures import ORDER  # noqa: E402  (bench/order_figures.py: bench/scale_order.py's figures)
 from ray_figures import RAY  # noqa: E402  (bench/ray_figures.py: bench/ray_workers.py's figures)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,9 +49,11 @@ RESULTS = ROOT / "bench" / "results-latest.json"
 IMAGE_RESULTS = ROOT / "bench" / "results-images.json"
 #: bench/ray_workers.py's results, the source of ``ray:`` figures.
 RAY_RESULTS = ROOT / "bench" / "results-ray-workers.json"
+#: bench/scale_order.py's results, the source of ``order:`` figures.
+ORDER_RESULTS = ROOT / "bench" / "results-scale-order.json"
 
 #: A figure: <!-- bench:NAME -->text<!-- /bench --> (or repo:), text on one line or a block of lines.
-MARKER = re.compile(r"<!-- (bench|repo|images|ray):([\w.-]+) -->(.*?)<!-- /\1 -->", re.DOTALL)
+MARKER = re.compile(r"<!-- (bench|repo|images|ray|order):([\w.-]+) -->(.*?)<!-- /\1 -->", re.DOTALL)
 
 
 def doc_paths(root: Path = ROOT) -> list[Path]:
@@ -65,18 +69,25 @@ class Figures:
         self.results, self.root = Results(results), root
         self.image_results = load_results(image_results) if image_results.exists() else None
         self.ray_results = load_results(RAY_RESULTS) if RAY_RESULTS.exists() else None
+        self.order_results = load_results(ORDER_RESULTS) if ORDER_RESULTS.exists() else None
 
     def value(self, source: str, name: str) -> str:
-        table = {"bench": BENCH, "repo": REPO, "images": IMAGES, "ray": RAY}[source]
+        table = {"bench": BENCH, "repo": REPO, "images": IMAGES, "ray": RAY, "order": ORDER}[source]
         if name not in table:
             raise KeyError(f"no {source} figure named {name!r} (bench/docs_figures.py knows {sorted(table)})")
         if source == "images" and self.image_results is None:
             raise KeyError(f"no {IMAGE_RESULTS.name} to take images:{name} from (run bench/images.py)")
         if source == "ray" and self.ray_results is None:
             raise KeyError(f"no {RAY_RESULTS.name} to take ray:{name} from (run bench/ray_workers.py)")
-        source_data = {"bench": self.results, "repo": self.root, "images": self.image_results, "ray": self.ray_results}[
-            source
-        ]
+        if source == "order" and self.order_results is None:
+            raise KeyError(f"no {ORDER_RESULTS.name} to take order:{name} from (run bench/scale_order.py)")
+        source_data = {
+            "bench": self.results,
+            "repo": self.root,
+            "images": self.image_results,
+            "ray": self.ray_results,
+            "order": self.order_results,
+        }[source]
         return table[name](source_data)
 
     def render(self, source: str, name: str, old: str) -> str:
