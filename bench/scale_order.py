@@ -63,6 +63,12 @@ BATCH = 256
 ITERATED = 300_000
 #: Indices mapped through KeyedPermutation.block for the vectorised rate.
 BLOCKED = 1 << 22
+#: How Grain and Streaming were reached (the JSON says it).
+PEERS_NOTE = (
+    "Grain's index_shuffle and Streaming's get_shuffle_py1e imported from an installed package, else from "
+    "{peers} (pip install --target {peers} --no-deps grain==0.2.18 mosaicml-streaming absl-py), their modules "
+    "loaded by file without their packages' other imports"
+)
 #: A subject's process may take this long before it is reported as failed.
 CHILD_TIMEOUT_S = 600
 
@@ -307,7 +313,7 @@ def measure_streaming(n: int, peers: str) -> dict:
     again[n * 9 // 10 : n * 9 // 10 + BATCH].tolist()
     out["resume_s"] = time.perf_counter() - start
     del again
-    out["indices_per_s"] = rate(iter(order.tolist()[:ITERATED]), ITERATED)
+    out["indices_per_s"] = rate(iter(order[: ITERATED + 1].tolist()), ITERATED)
     return out
 
 
@@ -337,8 +343,11 @@ def run_child(subject: str, n: int, peers: str) -> dict:
 
 
 def ratios(results: dict, n: int) -> dict:
-    """Per peer: its figure over conveyor's computed one (indices_per_s:
-    conveyor's over the peer's), so above 1 is conveyor ahead."""
+    """Per subject: its figure over conveyor's computed one (indices_per_s:
+    conveyor's over the subject's), so above 1 is conveyor ahead. Like is
+    compared with like: a peer's resume (an index computed, or an order
+    drawn again, at 90%) with conveyor's sampler resume (``resume_sampler_s``);
+    conveyor's stored order's loader resume with the computed one's."""
     mine = results["conveyor_computed"].get(str(n), {})
     out: dict[str, dict] = {}
     for subject, by_size in results.items():
@@ -346,9 +355,11 @@ def ratios(results: dict, n: int) -> dict:
         if subject == "conveyor_computed" or not theirs or "error" in theirs:
             continue
         entry = {}
-        for key in ("memory_mb", "first_indices_s", "first_batch_s", "resume_s"):
-            if theirs.get(key) is not None and mine.get(key):
-                entry[key] = round(theirs[key] / mine[key], 2)
+        pairs = {"memory_mb": "memory_mb", "first_indices_s": "first_indices_s", "first_batch_s": "first_batch_s"}
+        pairs["resume_s"] = "resume_s" if subject.startswith("conveyor") else "resume_sampler_s"
+        for key, my_key in pairs.items():
+            if theirs.get(key) is not None and mine.get(my_key):
+                entry[key] = round(theirs[key] / mine[my_key], 2)
         if theirs.get("indices_per_s") and mine.get("indices_per_s"):
             entry["indices_per_s"] = round(mine["indices_per_s"] / theirs["indices_per_s"], 2)
         out[subject] = entry
@@ -398,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"memory_mb_at_1e10": 50, "first_batch_s_at_1e10": 1.0, "resume_s": 0.010},
         "results": results,
         "skipped": skipped,
+        "peers": PEERS_NOTE.format(peers=args.peers),
         "ratios": {str(n): ratios(results, n) for n in sizes},
         "run_s": round(time.perf_counter() - started, 1),
     }

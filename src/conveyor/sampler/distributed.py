@@ -19,6 +19,7 @@ from .order import block_bounds, check_saved_order, order_setting, resolve_order
 from .permutation import KeyedPermutation
 from .resumable import _Resumable, _state_error
 from .samplers import Sampler
+from .sharded import ShardedSampler  # noqa: F401  (its former home: samplers pickled before the split name it)
 from .sharding import _check_rank, _per_replica, _shard, _world_from_torch
 
 
