@@ -123,14 +123,14 @@ def test_an_unknown_order_is_refused_naming_the_choices(make):
 
 def test_a_state_of_one_order_is_refused_by_the_other():
     stored, computed = RandomSampler(range(10), seed=1), RandomSampler(range(10), seed=1, order="computed")
-    with pytest.raises(ValueError, match="saved with order='computed' and this sampler has order='stored'"):
+    with pytest.raises(ValueError, match="saved with the computed order and this sampler has the stored one"):
         stored.load_state_dict(computed.state_dict())
-    with pytest.raises(ValueError, match="saved with order='stored' and this sampler has order='computed'"):
+    with pytest.raises(ValueError, match="saved with the stored order and this sampler has the computed one"):
         computed.load_state_dict(stored.state_dict())
     ranks = DistributedSampler(range(10), 2, 0), DistributedSampler(range(10), 2, 0, order="computed")
-    with pytest.raises(ValueError, match="order='stored' and this sampler has order='computed'"):
+    with pytest.raises(ValueError, match="the stored order and this sampler has the computed one"):
         ranks[1].load_state_dict(ranks[0].state_dict())
-    with pytest.raises(ValueError, match="order='computed' and this sampler has order='stored'"):
+    with pytest.raises(ValueError, match="the computed order and this sampler has the stored one"):
         ranks[0].load_state_dict(ranks[1].state_dict())
 
 

@@ -106,7 +106,7 @@ def test_a_state_of_the_stored_order_does_not_load_into_a_computed_one(monkeypat
     del it
     monkeypatch.setattr(order_module, "COMPUTED_ABOVE", 20)
     computed = DataLoader(Length(50), batch_size=4, shuffle=True, seed=3)
-    with pytest.raises(ValueError, match="order='stored' and this sampler has order='computed'"):
+    with pytest.raises(ValueError, match="the stored order and this sampler has the computed one"):
         computed.load_state_dict(state)
     back = batches_of(computed)  # refused: the loader starts its epoch afresh, in its own order
     assert sorted(sum(back, [])) == list(range(50))

@@ -88,6 +88,8 @@ class DistributedSampler(_Resumable, Sampler[int]):
 
     _flavor = "numpy"
     _auto_epoch = False
+    #: "stored" or "computed" (set at construction); a sampler pickled before order= existed has the stored one.
+    order = "stored"
 
     def __init__(
         self,

@@ -102,8 +102,8 @@ def check_saved_order(kind: str, state: Any, order: str) -> None:
     if saved != order:
         raise _state_error(
             kind,
-            f"the state was saved with order={saved!r} and this sampler has order={order!r}: the same "
-            f"position holds another sample in each (build the sampler with order={saved!r} to resume this state).",
+            f"the state was saved with the {saved} order and this sampler has the {order} one: the same "
+            f"position holds another sample in each (build the sampler with the state's order to resume it).",
             {"order": saved},
             {"order": order},
         )

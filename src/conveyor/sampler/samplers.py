@@ -135,6 +135,8 @@ class RandomSampler(_DrawsFromGenerator, Sampler[int]):
     data_source: Sized
     replacement: bool
     _none_policy = "reseed"
+    #: "stored" or "computed" (set at construction); a sampler pickled before order= existed has the stored one.
+    order = "stored"
 
     def __init__(
         self,
