@@ -79,8 +79,9 @@ def in_blocks(array: Any) -> Iterator[list[int]]:
     """An int64 array of indices as lists of Python ints, ``BLOCK_ITEMS`` at
     a time: an epoch's permutation of millions stays one array (8 bytes an
     index, against about 36 for a list of Python ints, held by the main
-    process for the whole epoch). The draw happened before; each block is
-    one chunk, so resuming skips blocks without converting them."""
+    process for the whole epoch). The draw happened before; a resumed
+    sampler passes only the part from its position on, so nothing before
+    the position is converted."""
     for start in range(0, len(array), BLOCK_ITEMS):
         yield array[start : start + BLOCK_ITEMS].tolist()
 

@@ -224,23 +224,33 @@ class RandomSampler(_DrawsFromGenerator, Sampler[int]):
         return int(self.num_samples)
 
     def _chunks_from(self, context: Any, position: int) -> Iterable[Sequence[int]]:
-        if self.order == "stored":
-            return super()._chunks_from(context, position)
-        blocks = uniform_blocks if self.replacement else computed_blocks
-        return blocks(len(self.data_source), context, int(self.num_samples), position)
+        if self.order == "computed":
+            blocks = uniform_blocks if self.replacement else computed_blocks
+            return blocks(len(self.data_source), context, int(self.num_samples), position)
+        if self.replacement:
+            return super()._chunks_from(context, position)  # (each chunk drawn again, and dropped)
+        return self._stored_from(context, position)
+
+    def _stored_from(self, source: Any, position: int) -> Iterator[list[int]]:
+        """The stored permutations' indices from ``position`` on. Every
+        permutation is drawn (the generator stays in step with torch's draws);
+        only the indices from the position on become lists."""
+        n, total = len(self.data_source), int(self.num_samples)
+        skip = position
+        for _ in range(total // n):
+            permutation = source.permutation_array(n)
+            yield from in_blocks(permutation[skip:])
+            skip = max(0, skip - n)
+        # Drawn even when empty: torch draws it, and the generator must stay in step.
+        tail = source.permutation_array(n)[: total % n]
+        yield from in_blocks(tail[skip:]) if len(tail) > skip else iter([[]])
 
     def _chunks(self, source: Any) -> Iterator[list[int]]:
+        """Draws with replacement, as torch draws them (32 at a time)."""
         n, total = len(self.data_source), int(self.num_samples)
-        if self.replacement:
-            for _ in range(total // _REPLACEMENT_CHUNK_ITEMS):
-                yield source.randint(n, _REPLACEMENT_CHUNK_ITEMS)
-            yield source.randint(n, total % _REPLACEMENT_CHUNK_ITEMS)
-        else:
-            for _ in range(total // n):
-                yield from in_blocks(source.permutation_array(n))
-            # Drawn even when empty: torch draws it, and the generator must stay in step.
-            tail = source.permutation_array(n)[: total % n]
-            yield from in_blocks(tail) if len(tail) else iter([[]])
+        for _ in range(total // _REPLACEMENT_CHUNK_ITEMS):
+            yield source.randint(n, _REPLACEMENT_CHUNK_ITEMS)
+        yield source.randint(n, total % _REPLACEMENT_CHUNK_ITEMS)
 
     def __iter__(self) -> Iterator[int]:
         return self._iterate()
