@@ -75,9 +75,11 @@ def _at(data: dict, subject: str, size: str, key: str) -> float:
 
 def setup(data: dict) -> str:
     machine = data["machine"]
+    load = machine.get("load_average")
+    busy = f", load average {load[0]} before and {load[1]} after" if load else ""
     return (
         f"{machine['cpus']} cores, {machine['memory_gib']} GiB, Python {machine['python']}, "
-        f"numpy {machine['numpy']}, torch {machine['torch']}; one run of {data['run_s']:.0f} s"
+        f"numpy {machine['numpy']}, torch {machine['torch']}; one run of {data['run_s']:.0f} s{busy}"
     )
 
 

@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(float(size)) for size in args.sizes.split(",")]
     results: dict[str, dict] = {subject: {} for subject in SUBJECTS}
     skipped: dict[str, dict] = {}
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()
     for n in sizes:
         for subject, skips in SUBJECTS.items():
             if skips and n in skips:
@@ -419,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
             "platform": platform.platform(),
             "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            # (the machine's 1-minute load average before and after the run: other work skews the figures)
+            "load_average": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
         },
         "batch_size": BATCH,
         "workers_for_first_batch": 2,
