@@ -136,6 +136,13 @@ def test_a_permutation_is_a_value():
     assert KeyedPermutation(5, -1).key == (1 << 64) - 1  # keys are taken modulo 2**64
 
 
+def test_len_past_sys_maxsize_points_at_n():
+    permutation = KeyedPermutation(MAX_LENGTH, 1)
+    with pytest.raises(OverflowError, match="its n attribute"):
+        len(permutation)
+    assert permutation.n == MAX_LENGTH and permutation[MAX_LENGTH - 1] < MAX_LENGTH
+
+
 def test_negative_items_count_from_the_end():
     permutation = KeyedPermutation(10, 3)
     assert permutation[-1] == permutation[9]

@@ -38,12 +38,12 @@ def _check_int(name: str, value: Any) -> int:
     return int(value)
 
 
-def checked_length(kind: str, length: int) -> int:
+def checked_length(kind: str, length: int, attribute: str = "num_samples") -> int:
     """``length`` for ``__len__``, or an OverflowError that says where the
-    count is: Python's ``len()`` stops at ``sys.maxsize``."""
+    count is (``attribute``): Python's ``len()`` stops at ``sys.maxsize``."""
     if length > sys.maxsize:
         raise OverflowError(
             f"{kind} has {length} items, more than len() can return ({sys.maxsize}); "
-            f"read the count from its num_samples attribute instead"
+            f"read the count from its {attribute} attribute instead"
         )
     return length

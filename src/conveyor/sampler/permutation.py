@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from .arguments import checked_length
+
 __all__ = ["KeyedPermutation", "MAX_LENGTH", "ROUNDS"]
 
 #: The largest ``n`` a permutation may have (its positions fit in 64 bits).
@@ -103,8 +105,8 @@ class KeyedPermutation:
         self._np_masks = tuple(np.uint64(m) for m in self._masks)
 
     def __len__(self) -> int:
-        # (len() is limited to sys.maxsize; a permutation past it still maps positions)
-        return self.n
+        # (len() stops at sys.maxsize; a permutation past it still maps positions, and says so)
+        return checked_length("KeyedPermutation", self.n, "n")
 
     def __repr__(self) -> str:
         return f"KeyedPermutation(n={self.n}, key={self.key})"
