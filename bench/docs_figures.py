@@ -18,7 +18,7 @@ A generated table is the same, its comments on lines of their own:
 
 ``bench:`` figures come from the results file; each other benchmark's from
 its own results file (``SOURCES``: ``images:`` from bench/results-images.json,
-written by bench/images.py, ``ray:``, ``locality:``, ``mix:``);
+written by bench/images.py, ``ray:``, ``order:``, ``locality:``, ``mix:``);
 ``repo:`` ones from other
 files of this repository (the development extras in pyproject.toml, an
 example's defaults), so that the docs cannot drift from those either. An
@@ -43,6 +43,7 @@ from figures import BENCH, REPO, Results  # noqa: E402  (bench/figures.py: what 
 from image_figures import IMAGES  # noqa: E402  (bench/image_figures.py: bench/images.py's figures)
 from locality_figures import LOCALITY  # noqa: E402  (bench/locality_figures.py: bench/locality.py's figures)
 from mix_figures import MIX  # noqa: E402  (bench/mix_figures.py: bench/mix.py's figures)
+from order_figures import ORDER  # noqa: E402  (bench/order_figures.py: bench/scale_order.py's figures)
 from ray_figures import RAY  # noqa: E402  (bench/ray_figures.py: bench/ray_workers.py's figures)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +62,7 @@ class Source(NamedTuple):
 SOURCES = {
     "images": Source(IMAGES, ROOT / "bench" / "results-images.json", "bench/images.py"),
     "ray": Source(RAY, ROOT / "bench" / "results-ray-workers.json", "bench/ray_workers.py"),
+    "order": Source(ORDER, ROOT / "bench" / "results-scale-order.json", "bench/scale_order.py"),
     "locality": Source(LOCALITY, ROOT / "bench" / "results-locality.json", "bench/locality.py"),
     "mix": Source(MIX, ROOT / "bench" / "results-mix.json", "bench/mix.py"),
 }

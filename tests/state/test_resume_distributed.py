@@ -46,10 +46,10 @@ def test_each_distributed_rank_saves_and_restores_its_own_state():
         assert [heads[rank] + [plain(b) for b in resumed]] + run_epochs(resumed, 1, 2) == expected[rank]
 
 
-def _distributed_loader(n, replicas, rank, num_workers=0, module=None):
+def _distributed_loader(n, replicas, rank, num_workers=0, module=None, order="auto"):
     module = module or conveyor
     dataset = list(range(n))
-    sampler = module.DistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True, seed=5)
+    sampler = module.DistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True, seed=5, order=order)
     return module.DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=num_workers)
 
 
@@ -57,19 +57,20 @@ def _items(batches):
     return [int(i) for batch in batches for i in np.asarray(batch).ravel()]
 
 
+@pytest.mark.parametrize("order", ["stored", "computed"])
 @pytest.mark.parametrize(
     "n, batches, saved_on, loaded_on", [(40, 3, 2, 3), (40, 3, 2, 1), (41, 2, 3, 2), (40, 4, 2, 4), (40, 5, 2, 3)]
 )
-def test_a_state_saved_on_one_world_size_resumes_on_another(n, batches, saved_on, loaded_on):
+def test_a_state_saved_on_one_world_size_resumes_on_another(n, batches, saved_on, loaded_on, order):
     consumed, states = [], []
     for rank in range(saved_on):  # a synchronous job: every rank at the same batch
-        loader = _distributed_loader(n, saved_on, rank)
+        loader = _distributed_loader(n, saved_on, rank, order=order)
         it = iter(loader)
         consumed += _items(next(it) for _ in range(batches))
         states.append(json.loads(json.dumps(loader.state_dict())))
     rest = []
     for rank in range(loaded_on):  # each new rank loads rank 0's state
-        loader = _distributed_loader(n, loaded_on, rank, num_workers=2 if rank == 0 else 0)
+        loader = _distributed_loader(n, loaded_on, rank, num_workers=2 if rank == 0 else 0, order=order)
         loader.load_state_dict(states[0])
         rest.append(_items(loader))
     assert len({len(part) for part in rest}) == 1  # every new rank as many samples
@@ -79,7 +80,7 @@ def test_a_state_saved_on_one_world_size_resumes_on_another(n, batches, saved_on
     assert 0 <= padding < loaded_on  # ...once, but for the padding that evens the new ranks out
     read_again = set(consumed) & {i for part in rest for i in part}
     assert len(read_again) <= padding  # nothing consumed is read again, but for that padding
-    later = _distributed_loader(n, loaded_on, 0)
+    later = _distributed_loader(n, loaded_on, 0, order=order)
     later.load_state_dict(states[0])
     _items(later)
     later.sampler.set_epoch(1)

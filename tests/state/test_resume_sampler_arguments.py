@@ -115,6 +115,24 @@ CASES = {
         "shard_sizes_crc32",
         "ShardBlockSampler",
     ),
+    "conveyor RandomSampler, order": (
+        lambda changed: _loader(
+            conveyor.RandomSampler(DATA, generator=_numpy_gen(), order="stored" if changed else "computed"),
+            module=conveyor,
+        ),
+        "order",
+        "RandomSampler",
+    ),
+    "conveyor BatchSampler over a DistributedSampler, order": (
+        lambda changed: _loader(
+            batch_sampler=conveyor.BatchSampler(
+                conveyor.DistributedSampler(DATA, 2, 1, seed=4, order="computed" if changed else "stored"), 3, False
+            ),
+            module=conveyor,
+        ),
+        "order",
+        "DistributedSampler",
+    ),
     "conveyor.torch WeightedRandomSampler, weights": (
         lambda changed: _loader(
             ct.WeightedRandomSampler(OTHER_WEIGHTS if changed else WEIGHTS, N, generator=_torch_gen())

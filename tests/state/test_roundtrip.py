@@ -87,6 +87,26 @@ INDEX_SAMPLERS = {
         lambda: RandomSampler(DATA, num_samples=16, generator=np.random.default_rng(4)),
         {},
     ),
+    "RandomSampler, computed order, seed= and set_epoch": (
+        lambda: RandomSampler(DATA, seed=3, order="computed"),
+        {"set_epoch": True},
+    ),
+    "RandomSampler, computed order, numpy generator, num_samples past the data": (
+        lambda: RandomSampler(DATA, num_samples=16, generator=np.random.default_rng(4), order="computed"),
+        {},
+    ),
+    "RandomSampler, computed order, torch generator": (
+        lambda: RandomSampler(DATA, generator=torch.Generator().manual_seed(4), order="computed"),
+        {},
+    ),
+    "RandomSampler, computed order, numpy's global generator": (
+        global_numpy(lambda: RandomSampler(DATA, order="computed")),
+        {"epochs": 1},
+    ),
+    "RandomSampler, computed order, replacement": (
+        lambda: RandomSampler(DATA, replacement=True, num_samples=40, seed=3, order="computed"),
+        {},
+    ),
     "SubsetRandomSampler, numpy generator": (
         lambda: SubsetRandomSampler([1, 3, 4, 6, 9], generator=np.random.default_rng(4)),
         {},
@@ -107,6 +127,14 @@ INDEX_SAMPLERS = {
     "DistributedSampler, drop_last, no set_epoch": (
         lambda: DistributedSampler(DATA, num_replicas=3, rank=0, seed=3, drop_last=True),
         {},
+    ),
+    "DistributedSampler, computed order": (
+        lambda: DistributedSampler(DATA, num_replicas=2, rank=1, seed=3, order="computed"),
+        {"set_epoch": True},
+    ),
+    "DistributedSampler, computed order, drop_last": (
+        lambda: DistributedSampler(DATA, num_replicas=3, rank=2, seed=3, drop_last=True, order="computed"),
+        {"set_epoch": True},
     ),
     "DistributedSampler, even=False": (
         lambda: DistributedSampler(DATA, num_replicas=2, rank=1, seed=3, even=False),

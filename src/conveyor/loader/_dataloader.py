@@ -76,6 +76,12 @@ class DataLoader(StateMethods, StatsMethods, Generic[T_co]):
     * ``seed``: a root seed from which every shuffle and every worker's random
       generators derive, so that a run is reproducible and its batches are the
       same for any ``num_workers``.
+    * ``shuffle=True`` over more than 2**24 samples (``conveyor.sampler.order.
+      COMPUTED_ABOVE``) computes each position's index from a keyed
+      permutation instead of storing the epoch's (``RandomSampler(order=
+      "auto")``): nothing of the dataset's size is held, and a resume starts
+      at its position at once (docs/scale.md). ``conveyor.torch`` keeps
+      torch's order when torch's generator draws it.
     * ``stall_warning``: seconds (default 300) without any batch arriving,
       while the loop waits, after which a
       :class:`~conveyor.StallWarning` names each busy worker, its batch and

@@ -15,7 +15,11 @@ messages; every one can report and restore its position (``state_dict``).
 * ``samplers``     Sampler, SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 * ``batch``        BatchSampler
 * ``replay``       resuming a sampler that is not conveyor's, by replaying its iteration
-* ``distributed``  DistributedSampler and the sharding it shares
+* ``distributed``  DistributedSampler (a stored or a computed order)
+* ``sharded``      ShardedSampler
+* ``sharding``     the sharding they and TokenBudgetBatchSampler share (pad or cut, every n-th)
+* ``permutation``  KeyedPermutation: a keyed permutation of [0, n), computed per position
+* ``order``        order="stored" | "computed" | "auto": the choice, the threshold, computed blocks
 * ``token_budget`` TokenBudgetBatchSampler
 * ``permutation``  KeyedPermutation: a keyed permutation of [0, n), computed per position
 * ``block_order``  the block order over shards (shards shuffled, samples within windows of shards)
@@ -24,7 +28,7 @@ messages; every one can report and restore its position (``state_dict``).
 """
 
 from .batch import BatchSampler
-from .distributed import DistributedSampler, ShardedSampler
+from .distributed import DistributedSampler
 from .replay import (  # noqa: F401  (used by loader, state)
     batch_fingerprint,
     fingerprint_problem,
@@ -36,6 +40,7 @@ from .replay import (  # noqa: F401  (used by loader, state)
 from .resumable import _has_position  # noqa: F401  (used by state)
 from .samplers import RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler
 from .shard_blocks import ShardBlockSampler
+from .sharded import ShardedSampler
 from .token_budget import TokenBudgetBatchSampler
 
 __all__ = [

@@ -1,9 +1,11 @@
 """Argument checks the samplers share: torch's messages for a bad integer or boolean
-(``is_int`` also for the loader's arguments and the epochs datasets report)."""
+(``is_int`` also for the loader's arguments and the epochs datasets report), and
+the length ``len()`` can return."""
 
 from __future__ import annotations
 
 import numbers
+import sys
 from typing import Any, TypeGuard
 
 
@@ -34,3 +36,14 @@ def _check_int(name: str, value: Any) -> int:
     if not _is_int(value):
         raise TypeError(f"{name} should be an integer, but got {name}={value!r} ({type(value).__name__})")
     return int(value)
+
+
+def checked_length(kind: str, length: int, attribute: str = "num_samples") -> int:
+    """``length`` for ``__len__``, or an OverflowError that says where the
+    count is (``attribute``): Python's ``len()`` stops at ``sys.maxsize``."""
+    if length > sys.maxsize:
+        raise OverflowError(
+            f"{kind} has {length} items, more than len() can return ({sys.maxsize}); "
+            f"read the count from its {attribute} attribute instead"
+        )
+    return length

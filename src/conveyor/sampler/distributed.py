@@ -1,62 +1,26 @@
-"""DistributedSampler: one replica's share of the indices; ShardedSampler: one
-replica's share of any sampler's items; and the sharding they share with
-TokenBudgetBatchSampler (pad or cut to divide evenly, take every n-th)."""
+"""DistributedSampler: one replica's share of the dataset's indices, from a
+stored order (a list of the epoch) or a computed one (per position).
+
+The sharding it shares with ShardedSampler and TokenBudgetBatchSampler is in
+:mod:`.sharding`; ShardedSampler itself in :mod:`.sharded`.
+"""
 
 from __future__ import annotations
 
-import math
-import sys
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any
+
+import numpy as np
 
 from conveyor.rng import TorchSource, derive_seed, source_for
 
-from .arguments import _check_int, _check_positive_int, _is_int
+from .arguments import _check_int, _is_int, checked_length
+from .order import block_bounds, check_saved_order, order_setting, resolve_order
+from .permutation import KeyedPermutation
 from .resumable import _Resumable, _state_error
 from .samplers import Sampler
-
-
-def _per_replica(total: int, num_replicas: int, drop_last: bool, rank: int = 0, even: bool = True) -> int:
-    """Items replica ``rank`` gets: all of them, padded, or (drop_last) the
-    even part; with ``even=False``, its share as it falls (no padding)."""
-    if not even:
-        return len(range(rank, total, num_replicas))
-    if drop_last and total % num_replicas != 0:
-        return math.ceil((total - num_replicas) / num_replicas)
-    return math.ceil(total / num_replicas)
-
-
-def _shard(items: list[Any], num_replicas: int, rank: int, drop_last: bool, even: bool = True) -> list[Any]:
-    """``rank``'s share of ``items``: padded by repeating from the start, or
-    cut, to divide evenly; with ``even=False``, every ``num_replicas``-th as they fall."""
-    if not even:
-        return items[rank::num_replicas]
-    total = _per_replica(len(items), num_replicas, drop_last) * num_replicas
-    padding = total - len(items)
-    if padding > 0:
-        items = items + (items * math.ceil(padding / len(items)))[:padding]
-    else:
-        items = items[:total]
-    return items[rank:total:num_replicas]
-
-
-def _world_from_torch(name: str, kind: str = "DistributedSampler") -> int:
-    """``num_replicas`` or ``rank`` from torch.distributed, only when the user's program initialised it."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        raise ValueError(
-            f"{kind}: {name} was not given and torch.distributed is not initialized; "
-            f"pass num_replicas=<world size> and rank=<this process's rank>, "
-            f"or call torch.distributed.init_process_group() first"
-        )
-    return dist.get_world_size() if name == "num_replicas" else dist.get_rank()
-
-
-def _check_rank(num_replicas: Any, rank: Any) -> tuple[int, int]:
-    num_replicas = _check_positive_int("num_replicas", num_replicas)
-    if not _is_int(rank) or rank >= num_replicas or rank < 0:
-        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
-    return num_replicas, int(rank)
+from .sharded import ShardedSampler  # noqa: F401  (its former home: samplers pickled before the split name it)
+from .sharding import _check_rank, _per_replica, _shard, _world_from_torch
 
 
 class _Span:
@@ -106,6 +70,16 @@ class DistributedSampler(_Resumable, Sampler[int]):
     every rank (``rank`` is recorded but not checked), so one rank's state can
     be loaded on all.
 
+    ``order=`` (conveyor): ``"stored"`` shuffles the epoch as a list, as
+    torch; ``"computed"`` takes this rank's ``k``-th index from position
+    ``rank + k * num_replicas`` of ``KeyedPermutation(n, derive_seed(seed,
+    epoch))`` (:mod:`.order`), padding with position ``p % n`` and cutting
+    with ``drop_last`` as torch does, so no rank holds anything of the
+    dataset's size and a resume starts at its position at once.
+    ``"auto"`` (default): computed for more than ``order.COMPUTED_ABOVE``
+    (2**24) samples in the numpy core; ``conveyor.torch`` keeps torch's
+    exact order (stored) unless ``order="computed"`` is given.
+
     Example::
 
         >>> list(DistributedSampler(range(5), num_replicas=2, rank=1, shuffle=False))
@@ -114,6 +88,8 @@ class DistributedSampler(_Resumable, Sampler[int]):
 
     _flavor = "numpy"
     _auto_epoch = False
+    #: "stored" or "computed" (set at construction); a sampler pickled before order= existed has the stored one.
+    order = "stored"
 
     def __init__(
         self,
@@ -125,6 +101,7 @@ class DistributedSampler(_Resumable, Sampler[int]):
         drop_last: bool = False,
         *,
         even: bool = True,
+        order: str = "auto",
     ) -> None:
         if num_replicas is None:
             num_replicas = _world_from_torch("num_replicas")
@@ -143,6 +120,8 @@ class DistributedSampler(_Resumable, Sampler[int]):
                 "pass one of them (even=False for evaluation, every sample once)"
             )
         self.even = even
+        #: "stored" or "computed" (``order="auto"`` resolved at construction).
+        self.order = resolve_order(type(self).__name__, order, len(dataset), self._flavor == "torch")
         self.num_samples = _per_replica(len(dataset), self.num_replicas, self.drop_last, self.rank, even)
         self.total_size = self.num_samples * self.num_replicas if even else len(dataset)
         #: A state of a job of another size, loaded and waiting: (epoch, its span).
@@ -163,6 +142,7 @@ class DistributedSampler(_Resumable, Sampler[int]):
             "flavor": self._flavor,
             # Only when set, so states saved before even= existed still load.
             **({"even": False} if not self.even else {}),
+            **order_setting(self.order),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -184,6 +164,7 @@ class DistributedSampler(_Resumable, Sampler[int]):
         sampler's stay in step, and a state saved during that epoch resumes
         it, on this job's size or on yet another. The epochs after it are whole.
         """
+        check_saved_order(type(self).__name__, state, self.order)
         # A state without "even" was saved with padding (before even= existed, or with even=True).
         saved_even = state.get("even", True) if isinstance(state, Mapping) else True
         if saved_even != self.even:
@@ -237,13 +218,17 @@ class DistributedSampler(_Resumable, Sampler[int]):
     def _max_position(self) -> int:
         return self._length(self._span_now())
 
-    def _epoch_order(self, epoch: int) -> list[int]:
+    def _check_length(self) -> int:
         n = len(self.dataset)
         if _per_replica(n, self.num_replicas, self.drop_last, self.rank, self.even) != self.num_samples:
             raise RuntimeError(
                 f"DistributedSampler: the dataset now has {n} samples, which changes the {self.num_samples} "
                 f"per replica computed when the sampler was built; build a new DistributedSampler"
             )
+        return n
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        n = self._check_length()
         if not self.shuffle:
             return list(range(n))
         if self._flavor == "torch":
@@ -263,126 +248,36 @@ class DistributedSampler(_Resumable, Sampler[int]):
         if rest:
             yield _shard(rest, self.num_replicas, self.rank, self.drop_last, self.even)
 
+    def _chunks_from(self, context: tuple[int, "_Span"], position: int) -> Iterable[Sequence[Any]]:
+        if self.order == "stored":
+            return super()._chunks_from(context, position)
+        return self._computed_share(context, position)
+
+    def _computed_share(self, context: tuple[int, "_Span"], position: int) -> Iterator[list[Any]]:
+        """Places ``position`` on of this rank's iteration, computed: place
+        ``k`` of the share is place ``rank + k * num_replicas`` of the padded
+        (or cut) rest of the epoch, that is position ``consumed + g % rest``
+        of the epoch's permutation (padding repeats the order from its
+        start, as :func:`.sharding._shard` does)."""
+        epoch, span = context
+        n = self._check_length()
+        permutation = KeyedPermutation(n, derive_seed(self.seed, epoch)) if self.shuffle else None
+        if position < span.offset:  # (places consumed before a job of another size took over: skipped)
+            yield [None] * (span.offset - position)
+            position = span.offset
+        rest = n - span.consumed
+        if rest <= 0:
+            return
+        stop = self._length(span)
+        for first, last in block_bounds(position - span.offset, stop - span.offset):
+            k = np.arange(first, last, dtype=np.uint64)
+            places = k * np.uint64(self.num_replicas) + np.uint64(self.rank)
+            places %= np.uint64(rest)
+            places += np.uint64(span.consumed)
+            yield (permutation.take(places) if permutation is not None else places).tolist()
+
     def __iter__(self) -> Iterator[int]:
         return self._iterate()
 
     def __len__(self) -> int:
-        return self._length(self._span_now())
-
-
-class ShardedSampler(_Resumable, Sampler[Any]):
-    """Any sampler's or batch sampler's items, shared out over the ranks of a
-    data-parallel job: what torch's DistributedSampler does for a plain index
-    range, for a WeightedRandomSampler, a TokenBudgetBatchSampler or a
-    sampler of your own.
-
-    Every rank draws the same sequence from ``sampler`` (build it with the
-    same seed on every rank) and keeps every ``num_replicas``-th item from
-    position ``rank``: indices from a sampler, whole batches from a batch
-    sampler (pass it as ``batch_sampler=``). ``even`` says what happens when
-    the items do not divide evenly:
-
-    * ``"pad"`` (default, as DistributedSampler): items from the start are
-      repeated so every rank gets as many, and no rank runs out of batches
-      before another;
-    * ``"drop"``: the last items are left out, to the same end;
-    * ``None``: for evaluation, every item exactly once; ranks' shares may
-      differ by one item.
-
-    Resumable: its state holds the wrapped sampler's state from the start of
-    the epoch, so a resumed iteration draws the same sequence again and goes
-    on from where it stopped, and between epochs where the wrapped sampler
-    stands, for the next epoch's draw (the wrapped sampler needs ``state_dict`` and
-    ``load_state_dict``, as every conveyor sampler has). Each iteration moves
-    to the next epoch; ``set_epoch`` sets it, and the wrapped sampler's.
-
-    Example::
-
-        >>> import numpy as np
-        >>> from conveyor import ShardedSampler, WeightedRandomSampler
-        >>> weighted = WeightedRandomSampler([1.0] * 6, 6, generator=np.random.default_rng(0))  # same seed: every rank
-        >>> mine = ShardedSampler(weighted, num_replicas=2, rank=0)
-        >>> len(mine)
-        3
-    """
-
-    _flavor = "numpy"
-
-    def __init__(
-        self, sampler: Any, num_replicas: int | None = None, rank: int | None = None, even: str | None = "pad"
-    ):
-        if not hasattr(sampler, "__iter__"):
-            raise TypeError(f"ShardedSampler needs a sampler (an iterable), got {type(sampler).__name__}")
-        if even not in ("pad", "drop", None):
-            raise ValueError(f"even must be 'pad', 'drop' or None, got {even!r}")
-        if num_replicas is None:
-            num_replicas = _world_from_torch("num_replicas", "ShardedSampler")
-        if rank is None:
-            rank = _world_from_torch("rank", "ShardedSampler")
-        self.num_replicas, self.rank = _check_rank(num_replicas, rank)
-        self.sampler = sampler
-        self.even = even
-        self._init_progress()
-
-    def _settings(self) -> dict[str, Any]:
-        return {"num_replicas": self.num_replicas, "even": self.even, "sampler": type(self.sampler).__name__}
-
-    def _stateful(self) -> bool:
-        return callable(getattr(self.sampler, "state_dict", None)) and callable(
-            getattr(self.sampler, "load_state_dict", None)
-        )
-
-    def _open(self, epoch: int, record: Any) -> tuple[Any, Any]:
-        if record is None:
-            return epoch, self.sampler.state_dict() if self._stateful() else None
-        self.sampler.load_state_dict(record)  # the epoch's draw, again
-        return epoch, record
-
-    def _chunks(self, epoch: int) -> Iterator[list[Any]]:
-        items = list(self.sampler)
-        if self.even is None:
-            yield items[self.rank :: self.num_replicas]
-        elif items:
-            yield _shard(items, self.num_replicas, self.rank, self.even == "drop")
-
-    def _idle_record(self) -> Any:
-        # Between epochs the wrapped sampler has moved on (its epoch, its
-        # generator): its state is what the next epoch draws from.
-        return self.sampler.state_dict() if self._stateful() else None
-
-    def _restore_idle(self, record: Any) -> None:
-        if record is not None:
-            self.sampler.load_state_dict(record)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if not self._stateful():
-            raise TypeError(
-                f"ShardedSampler cannot resume: the sampler it wraps, {type(self.sampler).__name__}, has no "
-                f"state_dict/load_state_dict to draw the epoch's sequence again; give it those methods"
-            )
-        record = state.get("rng") if isinstance(state, Mapping) and state.get("in_iteration") is True else None
-        if isinstance(record, Mapping):
-            self._check_inner(record)
-        super().load_state_dict(state)
-
-    def _check_inner(self, record: Mapping[str, Any]) -> None:
-        """Let the wrapped sampler refuse, now, the state its iteration is to
-        replay (loaded only when that iteration starts): loaded into it, then
-        its own state put back. (Refused, it has changed nothing.)"""
-        before = self.sampler.state_dict()
-        self.sampler.load_state_dict(record)
-        self.sampler.load_state_dict(before)
-
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._iterate()
-
-    def __len__(self) -> int:
-        total = len(self.sampler)
-        if self.even is None:
-            return len(range(self.rank, total, self.num_replicas))
-        return _per_replica(total, self.num_replicas, self.even == "drop") if total else 0
+        return checked_length(type(self).__name__, self._length(self._span_now()))

@@ -79,8 +79,9 @@ def in_blocks(array: Any) -> Iterator[list[int]]:
     """An int64 array of indices as lists of Python ints, ``BLOCK_ITEMS`` at
     a time: an epoch's permutation of millions stays one array (8 bytes an
     index, against about 36 for a list of Python ints, held by the main
-    process for the whole epoch). The draw happened before; each block is
-    one chunk, so resuming skips blocks without converting them."""
+    process for the whole epoch). The draw happened before; a resumed
+    sampler passes only the part from its position on, so nothing before
+    the position is converted."""
     for start in range(0, len(array), BLOCK_ITEMS):
         yield array[start : start + BLOCK_ITEMS].tolist()
 
@@ -202,6 +203,12 @@ class _Resumable:
     def _chunks(self, context: Any) -> Iterable[Sequence[Any]]:
         raise NotImplementedError
 
+    def _chunks_from(self, context: Any, position: int) -> Iterable[Sequence[Any]]:
+        """The items from ``position`` on: ``_chunks`` with the first
+        ``position`` items dropped (every chunk drawn again). A sampler
+        whose order is computed per position overrides it to start there."""
+        return _drop(self._chunks(context), position)
+
     def _idle_record(self) -> Any:
         return None
 
@@ -235,9 +242,10 @@ class _Resumable:
         """The iteration's items from the cursor's position on: resume
         mechanism 1 (docs/architecture.md, "Resume mechanisms"), the
         sampler jumps (draws its chunks again, hands out none before the
-        position, reads no sample)."""
+        position, reads no sample; a computed order starts at the position
+        itself: ``_chunks_from``)."""
         cursor, context = self._start()
-        for chunk in _drop(self._chunks(context), cursor.position):
+        for chunk in self._chunks_from(context, cursor.position):
             yield from cursor.feed(chunk)
         cursor.done = True
 

@@ -8,16 +8,17 @@ and are resumable at any item (:mod:`.resumable`); the random ones draw as
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Generic, Optional, TypeVar
 
 import numpy as np
 
-from conveyor.rng import GeneratorLike, derive_seed, source_for
+from conveyor.rng import GeneratorLike, derive_seed, is_torch_generator, source_for
 
-from .arguments import _check_bool, _check_int, _check_positive_int
+from .arguments import _check_bool, _check_int, _check_positive_int, checked_length
 from .draws import _DrawsFromGenerator
 from .fingerprint import Crc32Of
+from .order import check_saved_order, computed_blocks, order_setting, resolve_order, uniform_blocks
 from .resumable import _Resumable, in_blocks
 
 T_co = TypeVar("T_co", covariant=True)
@@ -105,6 +106,20 @@ class RandomSampler(_DrawsFromGenerator, Sampler[int]):
     value given to :meth:`set_epoch`, else 0, 1, 2, ... per iteration.
     ``seed`` and ``generator`` exclude each other.
 
+    ``order=`` (conveyor): ``"stored"`` draws each permutation as an array,
+    as torch does; ``"computed"`` maps each position through a keyed
+    permutation (``KeyedPermutation(n, key)``, :mod:`.order`), holding nothing
+    of the dataset's size: its key is ``derive_seed(seed, e)`` with ``seed=``,
+    else one seed drawn from the generator (or a fresh one from the global
+    generator) where the stored order draws its permutation; ``num_samples``
+    past ``n`` chains permutations keyed ``derive_seed(key, j)``, and
+    ``replacement=True`` draws position ``p``'s index from a hash of
+    (key, p). A resume then starts at its position at once, however far into
+    the epoch. ``"auto"`` (default): computed for more than
+    ``order.COMPUTED_ABOVE`` (2**24) items, unless a ``torch.Generator``, or
+    torch's global generator in ``conveyor.torch``, drives the order (torch's
+    exact order is then kept); else stored. ``sampler.order`` says which.
+
     Resuming: with ``generator=None`` the interrupted iteration is replayed
     from its recorded seed, but later iterations draw from the global
     generator, whose state belongs to the caller (use ``seed=`` to be
@@ -120,6 +135,8 @@ class RandomSampler(_DrawsFromGenerator, Sampler[int]):
     data_source: Sized
     replacement: bool
     _none_policy = "reseed"
+    #: "stored" or "computed" (set at construction); a sampler pickled before order= existed has the stored one.
+    order = "stored"
 
     def __init__(
         self,
@@ -129,6 +146,7 @@ class RandomSampler(_DrawsFromGenerator, Sampler[int]):
         generator: GeneratorLike = None,
         *,
         seed: int | None = None,
+        order: str = "auto",
     ) -> None:
         self.data_source = data_source
         self.replacement = _check_bool("replacement", replacement, TypeError)
@@ -136,6 +154,9 @@ class RandomSampler(_DrawsFromGenerator, Sampler[int]):
         self.generator = generator
         self.seed = seed
         self._check_arguments()
+        torch_exact = is_torch_generator(generator) or (self._flavor == "torch" and seed is None and generator is None)
+        #: "stored" or "computed" (``order="auto"`` resolved at construction).
+        self.order = resolve_order(type(self).__name__, order, len(data_source), torch_exact)
         self._init_progress()
 
     def _check_arguments(self) -> None:
@@ -162,19 +183,32 @@ class RandomSampler(_DrawsFromGenerator, Sampler[int]):
         return self._num_samples
 
     def _settings(self) -> dict[str, Any]:
-        common = {
+        common: dict[str, Any] = {
             "dataset_length": len(self.data_source),
             "num_samples": int(self.num_samples),
             "replacement": self.replacement,
+            **order_setting(self.order),
         }
         if self.seed is not None:
             return {**common, "flavor": self._flavor, "generator": "seed", "seed": int(self.seed)}
         return {**common, **self._generator_settings(), "seed": None}
 
     def _open(self, epoch: int, record: Any) -> tuple[Any, Any]:
+        """The epoch's random source (stored order) or its key (computed),
+        and the record that draws it again."""
+        if self.order == "computed" and self.seed is not None:
+            return derive_seed(self.seed, epoch), None
         if self.seed is None:
-            return super()._open(epoch, record)
-        return source_for(derive_seed(self.seed, epoch), self._flavor), None
+            source, record = super()._open(epoch, record)
+        else:
+            source, record = source_for(derive_seed(self.seed, epoch), self._flavor), None
+        return (source.draw_seed(), record) if self.order == "computed" else (source, record)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (see ``_Resumable``); a state saved with the
+        other ``order`` is refused, naming both."""
+        check_saved_order(type(self).__name__, state, self.order)
+        super().load_state_dict(state)
 
     def _idle_record(self) -> Any:
         return None if self.seed is not None else super()._idle_record()
@@ -189,24 +223,40 @@ class RandomSampler(_DrawsFromGenerator, Sampler[int]):
     def _max_position(self) -> int:
         return int(self.num_samples)
 
-    def _chunks(self, source: Any) -> Iterator[list[int]]:
-        n, total = len(self.data_source), int(self.num_samples)
+    def _chunks_from(self, context: Any, position: int) -> Iterable[Sequence[int]]:
+        if self.order == "computed":
+            blocks = uniform_blocks if self.replacement else computed_blocks
+            return blocks(len(self.data_source), context, int(self.num_samples), position)
         if self.replacement:
-            for _ in range(total // _REPLACEMENT_CHUNK_ITEMS):
-                yield source.randint(n, _REPLACEMENT_CHUNK_ITEMS)
-            yield source.randint(n, total % _REPLACEMENT_CHUNK_ITEMS)
-        else:
-            for _ in range(total // n):
-                yield from in_blocks(source.permutation_array(n))
-            # Drawn even when empty: torch draws it, and the generator must stay in step.
-            tail = source.permutation_array(n)[: total % n]
-            yield from in_blocks(tail) if len(tail) else iter([[]])
+            return super()._chunks_from(context, position)  # (each chunk drawn again, and dropped)
+        return self._stored_from(context, position)
+
+    def _stored_from(self, source: Any, position: int) -> Iterator[list[int]]:
+        """The stored permutations' indices from ``position`` on. Every
+        permutation is drawn (the generator stays in step with torch's draws);
+        only the indices from the position on become lists."""
+        n, total = len(self.data_source), int(self.num_samples)
+        skip = position
+        for _ in range(total // n):
+            permutation = source.permutation_array(n)
+            yield from in_blocks(permutation[skip:])
+            skip = max(0, skip - n)
+        # Drawn even when empty: torch draws it, and the generator must stay in step.
+        tail = source.permutation_array(n)[: total % n]
+        yield from in_blocks(tail[skip:]) if len(tail) > skip else iter([[]])
+
+    def _chunks(self, source: Any) -> Iterator[list[int]]:
+        """Draws with replacement, as torch draws them (32 at a time)."""
+        n, total = len(self.data_source), int(self.num_samples)
+        for _ in range(total // _REPLACEMENT_CHUNK_ITEMS):
+            yield source.randint(n, _REPLACEMENT_CHUNK_ITEMS)
+        yield source.randint(n, total % _REPLACEMENT_CHUNK_ITEMS)
 
     def __iter__(self) -> Iterator[int]:
         return self._iterate()
 
     def __len__(self) -> int:
-        return self.num_samples
+        return checked_length(type(self).__name__, self.num_samples)
 
 
 class SubsetRandomSampler(_DrawsFromGenerator, Sampler[int]):

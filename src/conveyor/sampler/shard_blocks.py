@@ -24,10 +24,11 @@ import numpy as np
 
 from .arguments import _check_int, _is_int
 from .block_order import BlockEpoch, ShardBlocks, check_shards_per_window
-from .distributed import _check_rank, _per_replica, _Span
+from .distributed import _Span
 from .fingerprint import Crc32Of
 from .resumable import BLOCK_ITEMS, _Resumable, _state_error
 from .samplers import Sampler
+from .sharding import _check_rank, _per_replica
 
 __all__ = ["ShardBlockSampler"]
 

@@ -10,10 +10,10 @@ import numpy as np
 from conveyor.rng import derive_seed, source_for
 
 from .arguments import _check_bool, _check_int, _check_positive_int
-from .distributed import _check_rank, _shard
 from .fingerprint import values_crc32
 from .resumable import _Resumable
 from .samplers import Sampler
+from .sharding import _check_rank, _shard
 
 
 class TokenBudgetBatchSampler(_Resumable, Sampler[list[int]]):
