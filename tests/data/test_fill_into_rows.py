@@ -6,11 +6,13 @@ done before collate reads a row."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
 import pytest
 
+import procutil
 from conveyor._engine.loading.rows import RowPlacer
 from conveyor.collate import collate_into
 
@@ -83,31 +85,54 @@ def test_a_failing_fill_raises_from_collate():
 
 class WhereFilled:
     """A leaf whose row says which thread filled it: 0 the worker's own,
-    1 a fill thread of a first batch, 2 the lower-priority background thread."""
+    1 a fill thread of a first batch, 2 the lower-priority background thread.
+
+    The first batch's leaves (samples 0-7) finish filling only once a leaf of
+    the second batch (samples 8-15) has been filled (``marker``, a file), so
+    the first batch is still filling while the second's worker holds: its
+    turn then comes from the background thread, however the two worker
+    processes happened to start (bounded: after ``WAIT_S`` the first batch
+    fills anyway, and the test's assertion says what came instead)."""
 
     shape, dtype = (2,), np.dtype(np.int64)
+    WAIT_S = 60.0
+
+    def __init__(self, index, marker):
+        self.index, self.marker = index, marker
 
     def fill_into(self, out):
+        if self.index < 8:
+            procutil.wait_for(lambda: os.path.exists(self.marker), self.WAIT_S, what="the second batch's fill")
         name = threading.current_thread().name
         out[...] = 2 if name == "conveyor-fill-bg" else 1 if name.startswith("conveyor-fill") else 0
+        if 8 <= self.index < 16:
+            open(self.marker, "a").close()
 
 
 class Leaves:
+    def __init__(self, marker):
+        self.marker = marker
+
     def __len__(self):
         return 40
 
     def __getitem__(self, i):
-        return WhereFilled()
+        return WhereFilled(i, self.marker)
 
 
-@pytest.mark.timeout(60)
-def test_an_epochs_first_batch_is_filled_by_a_thread_per_core_and_the_other_workers_wait_their_turn(monkeypatch):
+@pytest.mark.timeout(120)
+def test_an_epochs_first_batch_is_filled_by_a_thread_per_core_and_the_other_workers_wait_their_turn(
+    monkeypatch, tmp_path
+):
     import conveyor
     from conveyor._engine.executor import dispatch
 
     monkeypatch.setattr(dispatch, "FIRST_BATCH_FILL_THREADS", 2)
-    loader = conveyor.DataLoader(Leaves(), batch_size=8, num_workers=2, prefetch_factor=2)
+    marker = str(tmp_path / "second-batch-filled")
+    loader = conveyor.DataLoader(Leaves(marker), batch_size=8, num_workers=2, prefetch_factor=2)
     for _ in range(2):  # (each epoch)
+        if os.path.exists(marker):
+            os.remove(marker)
         batches = [set(batch[:, 0].tolist()) for batch in loader]
         assert batches[0] == {0, 1}  # the first batch: shared out over two threads
         assert batches[1] == {2}  # the other worker's first batch, meanwhile: in the background
