@@ -64,6 +64,21 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "serial: the test needs the machine to itself; make test runs it alone, after the parallel pass"
     )
+    if config.getoption("dist", "no") == "loadgroup" and not xdist_can_group():
+        raise pytest.UsageError(
+            f"--dist loadgroup: pytest {pytest.__version__} keeps a test's id where this pytest-xdist cannot add "
+            "its xdist_group, so every group (one Ray instance, one cluster) would be spread over the workers; "
+            "install the pytest the dev extra pins (pip install -e '.[dev]')"
+        )
+
+
+def xdist_can_group() -> bool:
+    """Whether pytest-xdist's loadgroup can give a test its group: it
+    appends the group to ``item._nodeid``, which a test's id is read from up
+    to pytest 9.1 (9.2 reads another attribute, and the groups are lost)."""
+    from _pytest.nodes import Node
+
+    return "_nodeid" in Node.nodeid.fget.__code__.co_names
 
 
 @pytest.hookimpl(tryfirst=True)  # (before xdist reads the groups)
