@@ -275,7 +275,7 @@ class ShardDataset:
         """Bytes ``base`` to ``end`` of shard ``shard`` by one pread of its file (or its local copy)."""
         index = self.indexes[shard]
         if self._made_for is not None:  # (no store: the tar itself, checked to be the file the dataset was made for)
-            return self._files.read(self.paths[shard], base, end, index.tar_bytes, made_for=self._made_for[shard])
+            return self._files.read(self.paths[shard], base, end, index.tar_bytes, made_for=(self._made_for, shard))
         name = getattr(self.store, "url", str)(self.paths[shard])
         try:
             return self._files.read(self.open_shard(shard), base, end, index.tar_bytes, name)

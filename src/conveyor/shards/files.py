@@ -34,7 +34,9 @@ mtime (set before its bytes are copied) at open and after each read alike:
 so each open is compared with the identity the dataset recorded when it
 was made (``made_for``; identity.py), and the same file with another mtime
 or size is refused however late a process first opens it (a worker that
-starts late, a file the table let go). A refusal, and a file renamed over
+starts late, a file the table let go); a store's local copy has no record
+(its cache replaces a copy only by rename), it is checked from its open on.
+A refusal, and a file renamed over
 the path, become that process's record: the next read opens the file as
 it is then. What no stat can tell: a file that process accepted so (it
 may still be in the middle of a write), a change within one tick of the
@@ -62,7 +64,7 @@ from collections import OrderedDict
 from typing import Optional
 
 from .errors import VERIFY_HINT, ShardError
-from .identity import Identity, identity
+from .identity import Identity, MadeFor, identity
 from .readaround import ReadAround, window_of
 
 #: Files one process holds open at most (trade-off: re-opening a shard costs an open+fstat per
@@ -134,13 +136,13 @@ class ShardFiles:
         end: int,
         tar_bytes: int,
         name: Optional[str] = None,
-        made_for: Optional[Identity] = None,
+        made_for: Optional[MadeFor] = None,
     ) -> bytes:
         """Bytes ``start`` to ``end`` of ``path``, a shard whose index was made
         for ``tar_bytes`` bytes; a ShardError (naming ``name`` or ``path``)
         when the file is not that size, changed since it was opened, or gave
         fewer bytes, or, opened, is the file of ``made_for`` (the identity
-        its dataset recorded) with another size or mtime: changed in place
+        its dataset recorded, identity.py) with another mtime: changed in place
         since. A file renamed over ``path`` is opened and read instead (seen
         by the opened file's link count, and by a look at the path every
         ``PATH_CHECK_S``). After a refusal the next read opens the file as
@@ -188,7 +190,7 @@ class ShardFiles:
         """How many files the table holds open now."""
         return len(self._table)
 
-    def _entry(self, path: str, tar_bytes: int, shown: str, made_for: Optional[Identity]) -> _Open:
+    def _entry(self, path: str, tar_bytes: int, shown: str, made_for: Optional[MadeFor]) -> _Open:
         """``path``'s open file: the one held, else opened now (the least recently read let go)."""
         entry = self._table.get(path)
         if entry is not None:
@@ -205,13 +207,16 @@ class ShardFiles:
                     self._table.popitem(last=False)
             return entry
 
-    def _opened(self, path: str, tar_bytes: int, shown: str, made_for: Optional[Identity]) -> _Open:
+    def _opened(self, path: str, tar_bytes: int, shown: str, made_for: Optional[MadeFor]) -> _Open:
         """``path`` opened, once its size is the one its index was made for and it is not the recorded file
         (``made_for``, or what this process took since) with another mtime."""
         entry = _opened(path, tar_bytes, shown)
         if made_for is None:
             return entry
-        record, now = self._seen.get(path, made_for), entry.identity
+        record, now = self._seen.get(path), entry.identity
+        if record is None:
+            identities, n = made_for
+            record = identities[n]
         if now.same_file(record) and now != record:
             entry.close()
             self._seen[path] = now  # (refused: the next read opens the file as it is then)
