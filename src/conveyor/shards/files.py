@@ -223,7 +223,8 @@ class ShardFiles:
             raise ShardError(
                 f"{shown}: rewritten in place since the dataset was opened (the same file of the same size, its "
                 f"modification time changed; it may be in the middle of a write); restore it by renaming a whole copy "
-                f"over it (the next read opens the file as it is then) or pack again ({VERIFY_HINT})"
+                f"over it, or open the dataset again once the write is done (this process's next read takes the file "
+                f"as it is then; a worker started later compares it with the dataset's record); {VERIFY_HINT}"
             )
         if now != record:
             self._seen[path] = now  # (another file, renamed over the path: this process's record from now on)
