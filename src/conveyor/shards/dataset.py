@@ -3,10 +3,12 @@ checked against the tar and the index.
 
     ShardDataset(path)  ──▶ the shards (a folder with manifest.json, a list, a glob)  (manifest.py)
                         ──▶ each shard's index (its .idx file, or its headers read once)  (index.py)
-                            tied to its tar: the tar's size = the index's record = the manifest's
+                            tied to its tar: the tar's size = the index's record = the manifest's;
+                            the tar's identity recorded (identity.py: device, inode, size, mtime)
     dataset[i]          ──▶ shard, sample ──▶ each member's tar header checked (headers.py),
-                            its bytes by one pread of the tar, checked to be the file opened
-                            (files.py: a few open files per process, a changed file an error)
+                            its bytes by one pread of the tar, checked to be the file opened,
+                            and at open the file recorded or one renamed over it (files.py: a
+                            few open files per process, a file changed in place an error)
                         ──▶ {"__key__": key, "jpg": b"...", "cls": 3} (decoded by extension)
     dataset.stream(...) ──▶ an IterableDataset: whole shards in turn, shuffled by shard  (stream.py)
     store=Store(...)    ──▶ shards in an object store: a sample by one ranged read (its first
@@ -36,6 +38,7 @@ import numpy as np
 from .errors import VERIFY_HINT, ShardError
 from .files import OPEN_FILES, ShardFiles
 from .headers import header_problem
+from .identity import FileIdentities
 from .index import ShardIndex
 from .manifest import MANIFEST, Manifest, ShardRecord, find_shards, shard_paths
 from .records import BLOCK, decode_member
@@ -50,6 +53,15 @@ def index_for(path: str, record: Optional[ShardRecord] = None, store: Optional[S
     its ``.idx`` file when there is one (``conveyor pack`` writes it), else
     read from the tar's headers (for a shard in a store, from its local
     copy). An index that was not made for this tar is a ShardError."""
+    return _indexed(path, record, store)[0]
+
+
+def _indexed(
+    path: str, record: Optional[ShardRecord], store: Optional[Store]
+) -> tuple[ShardIndex, Optional[os.stat_result]]:
+    """``index_for``'s index, and the stat of the tar (not of a store's object) it was checked against,
+    taken before the index is read: the file the dataset is made for."""
+    st = None
     if store is not None:
         name = getattr(store, "url", str)(path + ".idx")
         try:
@@ -58,7 +70,8 @@ def index_for(path: str, record: Optional[ShardRecord] = None, store: Optional[S
             index = ShardIndex.scan(store.fetch(path), getattr(store, "url", str)(path))
         # (the object's own size is not asked for: each ranged read is checked for short bytes instead)
     else:
-        size = os.path.getsize(path)
+        st = os.stat(path)
+        size = st.st_size
         if record is not None and size != record.bytes:
             raise ShardError(
                 f"{path}: {size} bytes, its manifest records {record.bytes}: the shard changed or was cut short "
@@ -75,7 +88,7 @@ def index_for(path: str, record: Optional[ShardRecord] = None, store: Optional[S
         problem = _record_problem(index, record)
         if problem is not None:
             raise ShardError(f"{path}: {problem}; restore the files or pack again ({VERIFY_HINT})")
-    return index
+    return index, st
 
 
 def _record_problem(index: ShardIndex, record: ShardRecord) -> Optional[str]:
@@ -124,7 +137,9 @@ class ShardDataset:
     per sample once the cache is full). Without a store it changes nothing.
 
     Every shard's size is checked against its index and manifest at
-    construction, and every member's tar header at each read: a shard,
+    construction (and its identity recorded: a shard rewritten in place
+    since is refused, in any process, at any read), and every member's
+    tar header at each read: a shard,
     index or manifest that disagrees raises :class:`ShardError` naming the
     file, the sample and what disagrees, never wrong or short bytes.
     """
@@ -149,7 +164,10 @@ class ShardDataset:
         if missing:
             raise FileNotFoundError(f"shards not found: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
         records = manifest.shards if manifest is not None else [None] * len(self.paths)
-        self.indexes = [index_for(path, record, store) for path, record in zip(self.paths, records)]
+        indexed = [_indexed(path, record, store) for path, record in zip(self.paths, records)]
+        self.indexes = [index for index, _ in indexed]
+        #: Each tar's identity when the dataset was made (None from a store: its cache replaces copies by rename).
+        self._made_for = FileIdentities([st for _, st in indexed if st is not None]) if store is None else None
         if manifest is not None:
             _check_counts(manifest, self.indexes)
         #: Sample number where each shard begins (and the total at the end).
@@ -256,8 +274,8 @@ class ShardDataset:
     def _read_file(self, shard: int, base: int, end: int) -> bytes:
         """Bytes ``base`` to ``end`` of shard ``shard`` by one pread of its file (or its local copy)."""
         index = self.indexes[shard]
-        if self.store is None:
-            return self._files.read(self.paths[shard], base, end, index.tar_bytes)
+        if self._made_for is not None:  # (no store: the tar itself, checked to be the file the dataset was made for)
+            return self._files.read(self.paths[shard], base, end, index.tar_bytes, made_for=(self._made_for, shard))
         name = getattr(self.store, "url", str)(self.paths[shard])
         try:
             return self._files.read(self.open_shard(shard), base, end, index.tar_bytes, name)

@@ -1,8 +1,9 @@
 """Open shard files, a bounded few per process, read by ``os.pread`` and
 checked to be the file that was opened.
 
-    read(path, start, end) ──▶ its open file (LRU of ``limit``; opened, checked against the
-                               index's tar size, when not held)
+    read(path, start, end) ──▶ its open file (LRU of ``limit``; when not held, opened and checked:
+                               the same file as the dataset's record (identity.py) with another
+                               mtime or size? refused; another file? its size the index's)
                            ──read-around: the window it lies in asked for once (readaround.py)
                            ──os.pread(end - start bytes at start)──▶ bytes
                            ──fstat──▶ the file of the size and mtime it had at open? and
@@ -27,11 +28,21 @@ every ``PATH_CHECK_S``). One ``pread`` and one
 ``fstat`` per read, and one ``posix_fadvise`` per window of read-around
 (the bytes around a read that a map's page fault would have read, asked
 for while that pays: readaround.py); a map cost a page fault per page
-instead (bench/shards.py measures both). What no stat can tell: a
-file opened while another program is in the middle of one write to it (the
-write's new mtime came before its bytes) can give that write's bytes; each
-member's tar header is still checked, and ``conveyor pack --verify`` hashes
-the whole tar.
+instead (bench/shards.py measures both). A file opened while another
+program is in the middle of one write to it would show that write's new
+mtime (set before its bytes are copied) at open and after each read alike:
+so each open is compared with the identity the dataset recorded when it
+was made (``made_for``; identity.py), and the same file with another mtime
+or size is refused however late a process first opens it (a worker that
+starts late, a file the table let go); a store's local copy has no record
+(its cache replaces a copy only by rename), it is checked from its open on.
+A refusal, and a file renamed over
+the path, become that process's record: the next read opens the file as
+it is then. What no stat can tell: a file that process accepted so (it
+may still be in the middle of a write), a change within one tick of the
+file system's clock, a rewrite that restores the mtime; each member's tar
+header is still checked, and ``conveyor pack --verify`` hashes the whole
+tar.
 
 Why a bounded table: a file held open per shard ever read runs out of file
 descriptors (``ulimit -n``) with thousands of shards, and out of maps
@@ -50,9 +61,10 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from typing import NamedTuple, Optional
+from typing import Optional
 
 from .errors import VERIFY_HINT, ShardError
+from .identity import Identity, MadeFor, identity
 from .readaround import ReadAround, window_of
 
 #: Files one process holds open at most (trade-off: re-opening a shard costs an open+fstat per
@@ -68,19 +80,6 @@ IN_SEQUENCE = 4096
 #: Seconds between looks at whether a held file's path names another file now (renamed over a file
 #: that keeps other hard links; one renamed over without them is seen at once by its link count).
 PATH_CHECK_S = 1.0
-
-
-class Identity(NamedTuple):
-    """What says a path still names the file opened, unchanged: device, inode, size, mtime (ns)."""
-
-    device: int
-    inode: int
-    size: int
-    mtime_ns: int
-
-
-def identity(st: os.stat_result) -> Identity:
-    return Identity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class _Open:
@@ -113,12 +112,15 @@ class ShardFiles:
     """A process's open shard files, at most ``limit`` (least recently read
     let go first), safe to read from many threads at once. Ownership: the
     table opens each file; an entry it lets go of is closed by its last
-    reader."""
+    reader. What it learned of a file since its dataset's record (a
+    refusal, a file renamed over) it keeps per path, through fork and
+    pickle."""
 
     def __init__(self, limit: int = OPEN_FILES):
         if limit < 1:
             raise ValueError(f"ShardFiles: limit is {limit}; hold at least 1 open file")
         self.limit = limit
+        self._seen: dict[str, Identity] = {}  # (a file's identity this process took since its dataset's record)
         self._reset()
         _TABLES.add(self)
 
@@ -127,14 +129,25 @@ class ShardFiles:
         self._table: OrderedDict[str, _Open] = OrderedDict()
         self._around = ReadAround()
 
-    def read(self, path: str, start: int, end: int, tar_bytes: int, name: Optional[str] = None) -> bytes:
+    def read(
+        self,
+        path: str,
+        start: int,
+        end: int,
+        tar_bytes: int,
+        name: Optional[str] = None,
+        made_for: Optional[MadeFor] = None,
+    ) -> bytes:
         """Bytes ``start`` to ``end`` of ``path``, a shard whose index was made
         for ``tar_bytes`` bytes; a ShardError (naming ``name`` or ``path``)
         when the file is not that size, changed since it was opened, or gave
-        fewer bytes. A file renamed over ``path`` since it was opened is
-        opened and read instead (seen by the opened file's link count, and
-        by a look at the path every ``PATH_CHECK_S``)."""
-        entry = self._entry(path, tar_bytes, name or path)
+        fewer bytes, or, opened, is the file of ``made_for`` (the identity
+        its dataset recorded, identity.py) with another mtime: changed in place
+        since. A file renamed over ``path`` is opened and read instead (seen
+        by the opened file's link count, and by a look at the path every
+        ``PATH_CHECK_S``). After a refusal the next read opens the file as
+        it is then."""
+        entry = self._entry(path, tar_bytes, name or path, made_for)
         try:
             if entry.window:
                 self._around.before_read(
@@ -157,9 +170,11 @@ class ShardFiles:
                 return data
             del entry
             self.forget(path)  # (renamed over: the new file is opened, checked and read)
-            return self.read(path, start, end, tar_bytes, name)
+            return self.read(path, start, end, tar_bytes, name, made_for)
         del entry
         self.forget(path)
+        if made_for is not None:  # (refused: this process's record now, so the next read opens the file as it is)
+            self._seen[path] = identity(st)
         raise ShardError(
             f"{name or path}: changed while it was read ({_change(opened, identity(st), len(data), end - start)}): "
             f"another program rewrote, truncated or replaced it; restore the shard (the next read opens it anew) or "
@@ -175,7 +190,7 @@ class ShardFiles:
         """How many files the table holds open now."""
         return len(self._table)
 
-    def _entry(self, path: str, tar_bytes: int, shown: str) -> _Open:
+    def _entry(self, path: str, tar_bytes: int, shown: str, made_for: Optional[MadeFor]) -> _Open:
         """``path``'s open file: the one held, else opened now (the least recently read let go)."""
         entry = self._table.get(path)
         if entry is not None:
@@ -187,10 +202,33 @@ class ShardFiles:
         with self._lock:
             entry = self._table.get(path)
             if entry is None:
-                entry = self._table[path] = _opened(path, tar_bytes, shown)
+                entry = self._table[path] = self._opened(path, tar_bytes, shown, made_for)
                 while len(self._table) > self.limit:
                     self._table.popitem(last=False)
             return entry
+
+    def _opened(self, path: str, tar_bytes: int, shown: str, made_for: Optional[MadeFor]) -> _Open:
+        """``path`` opened, once its size is the one its index was made for and it is not the recorded file
+        (``made_for``, or what this process took since) with another mtime."""
+        entry = _opened(path, tar_bytes, shown)
+        if made_for is None:
+            return entry
+        record, now = self._seen.get(path), entry.identity
+        if record is None:
+            identities, n = made_for
+            record = identities[n]
+        if now.same_file(record) and now != record:
+            entry.close()
+            self._seen[path] = now  # (refused: the next read opens the file as it is then)
+            raise ShardError(
+                f"{shown}: rewritten in place since the dataset was opened (the same file of the same size, its "
+                f"modification time changed; it may be in the middle of a write); restore it by renaming a whole copy "
+                f"over it, or open the dataset again once the write is done (this process's next read takes the file "
+                f"as it is then; a worker started later compares it with the dataset's record); {VERIFY_HINT}"
+            )
+        if now != record:
+            self._seen[path] = now  # (another file, renamed over the path: this process's record from now on)
+        return entry
 
     def _drop_inherited(self) -> None:
         """In a forked child: close this process's copies of the parent's descriptors, start a new table."""
@@ -203,10 +241,10 @@ class ShardFiles:
                 pass
 
     def __getstate__(self) -> dict:
-        return {"limit": self.limit}
+        return {"limit": self.limit, "seen": dict(self._seen)}
 
     def __setstate__(self, state: dict) -> None:
-        self.limit = state["limit"]
+        self.limit, self._seen = state["limit"], dict(state.get("seen", {}))
         self._reset()
         _TABLES.add(self)
 
