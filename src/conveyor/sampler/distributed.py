@@ -44,6 +44,33 @@ class _Span:
         return {"consumed": self.consumed, "offset": self.offset} if self.consumed else None
 
 
+def resumed_span(kind: str, state: Any, num_replicas: int, total: int) -> tuple[Any, bool, Any]:
+    """Where a loaded state's epoch resumes on this job of ``num_replicas``
+    ranks over ``total`` positions: ``(pending, from_another_size, state)``,
+    the pending ``(epoch, _Span)`` (None: nothing to resume inside an
+    epoch), whether the state was saved mid-epoch by a job of another size,
+    and the state to load (for another size: this job's size, and the span
+    the ranks of the saving job consumed together, as the ``rng`` record).
+
+    The ranks of a synchronous job stand at the same position and their
+    positions interleave, so together they consumed a prefix of the epoch's
+    one order: ``consumed`` places, after ``offset`` = the saved position."""
+    saved_replicas = state.get("num_replicas") if isinstance(state, Mapping) else None
+    if _is_int(saved_replicas) and saved_replicas != num_replicas and state.get("in_iteration") is True:
+        position, epoch = state.get("position"), state.get("epoch")
+        if not _is_int(position) or position < 0 or not _is_int(epoch):
+            what = "the state's position is malformed."
+            raise _state_error(kind, what, {"position": position, "epoch": epoch}, {})
+        before = _Span.of(state.get("rng"))  # (that job's own start, if it had resumed one of another size)
+        consumed = min(before.consumed + (int(position) - before.offset) * int(saved_replicas), total)
+        span = _Span(consumed, int(position))
+        return (int(epoch), span), True, {**state, "num_replicas": num_replicas, "rng": span.record()}
+    span = _Span.of(state.get("rng") if isinstance(state, Mapping) else None)
+    if span.consumed and state.get("in_iteration") is True and _is_int(state.get("epoch")):
+        return (int(state["epoch"]), span), False, state  # (its length decides how far the position may go)
+    return None, False, state
+
+
 class DistributedSampler(_Resumable, Sampler[int]):
     """This replica's share of the dataset indices, for data-parallel training.
 
@@ -170,25 +197,10 @@ class DistributedSampler(_Resumable, Sampler[int]):
         if saved_even != self.even:
             what = "the state was saved with another even= setting."
             raise _state_error(type(self).__name__, what, {"even": saved_even}, {"even": self.even})
-        self._pending = None
-        self.loaded_from_another_size = False
-        saved_replicas = state.get("num_replicas") if isinstance(state, Mapping) else None
-        if _is_int(saved_replicas) and saved_replicas != self.num_replicas and state.get("in_iteration") is True:
-            position, epoch = state.get("position"), state.get("epoch")
-            if not _is_int(position) or position < 0 or not _is_int(epoch):
-                what = "the state's position is malformed."
-                raise _state_error(type(self).__name__, what, {"position": position, "epoch": epoch}, {})
-            before = _Span.of(state.get("rng"))  # that job's own start, when it had resumed one of another size
-            consumed = min(before.consumed + (int(position) - before.offset) * int(saved_replicas), len(self.dataset))
-            self._pending = (int(epoch), _Span(consumed, int(position)))
-            self.loaded_from_another_size = True
-            # Every other setting must match.
-            super().load_state_dict({**state, "num_replicas": self.num_replicas, "rng": self._pending[1].record()})
-            return
-        span = _Span.of(state.get("rng") if isinstance(state, Mapping) else None)
-        if span.consumed and state.get("in_iteration") is True and _is_int(state.get("epoch")):
-            self._pending = (int(state["epoch"]), span)  # (its length decides how far the position may go)
-        super().load_state_dict(state)
+        self._pending, self.loaded_from_another_size, state = resumed_span(
+            type(self).__name__, state, self.num_replicas, len(self.dataset)
+        )
+        super().load_state_dict(state)  # (every other setting must match)
 
     def _open(self, epoch: int, record: Any) -> tuple[Any, Any]:
         """The epoch and its span: how much of its order jobs of other sizes

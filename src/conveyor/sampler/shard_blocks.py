@@ -22,11 +22,11 @@ from typing import Any, Optional, Protocol, Union, overload
 
 import numpy as np
 
-from .arguments import _check_int, _is_int
+from .arguments import _check_int
 from .block_order import BlockEpoch, ShardBlocks, check_shards_per_window
-from .distributed import _Span
+from .distributed import _Span, resumed_span
 from .fingerprint import Crc32Of
-from .resumable import BLOCK_ITEMS, _Resumable, _state_error
+from .resumable import BLOCK_ITEMS, _Resumable
 from .samplers import Sampler
 from .sharding import _check_rank, _per_replica
 
@@ -170,24 +170,9 @@ class ShardBlockSampler(_Resumable, Sampler[int]):
         gets its share of the rest (padded or cut for this job's size), after
         as many places as the saved position (so the loader's count of
         batches goes on from there). The epochs after it are whole."""
-        self._pending = None
-        self.loaded_from_another_size = False
-        saved_replicas = state.get("num_replicas") if isinstance(state, Mapping) else None
-        if _is_int(saved_replicas) and saved_replicas != self.num_replicas and state.get("in_iteration") is True:
-            position, epoch = state.get("position"), state.get("epoch")
-            if not _is_int(position) or position < 0 or not _is_int(epoch):
-                what = "the state's position is malformed."
-                raise _state_error(type(self).__name__, what, {"position": position, "epoch": epoch}, {})
-            before = _Span.of(state.get("rng"))  # (that job's own start, if it had resumed one of another size)
-            consumed = before.consumed + (int(position) - before.offset) * int(saved_replicas)
-            span = _Span(min(consumed, self.blocks.num_samples), int(position))
-            self._pending = (int(epoch), span)
-            self.loaded_from_another_size = True
-            super().load_state_dict({**state, "num_replicas": self.num_replicas, "rng": span.record()})
-            return
-        span = _Span.of(state.get("rng") if isinstance(state, Mapping) else None)
-        if span.consumed and state.get("in_iteration") is True and _is_int(state.get("epoch")):
-            self._pending = (int(state["epoch"]), span)  # (its length decides how far the position may go)
+        self._pending, self.loaded_from_another_size, state = resumed_span(
+            type(self).__name__, state, self.num_replicas, self.blocks.num_samples
+        )
         super().load_state_dict(state)
 
     def _span_now(self) -> _Span:
