@@ -83,15 +83,11 @@ def xdist_can_group() -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # (before xdist reads the groups)
 def pytest_collection_modifyitems(config, items):
-    """The tests of the shared Ray instance first, in their order, in two
-    xdist groups: tests/integrations/test_ray_workers.py, and the others.
-    Each group is one pytest process's, which starts one instance for all
-    of its tests; two, so that on a busy machine the slowest part of the
-    suite (Ray's actors start slowly there) runs on two processes."""
+    """The tests of the shared Ray instance first, in their order, and in one
+    xdist group: one instance for all of them."""
     uses_ray = [item for item in items if ray_helpers.needs_local_ray(item)]
     for item in uses_ray:
-        group = "ray" if item.path.name == "test_ray_workers.py" else "ray-others"
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group("ray"))
     if uses_ray:
         items[:] = uses_ray + [item for item in items if not ray_helpers.needs_local_ray(item)]
 
