@@ -23,6 +23,28 @@ PATIENCE_S = 20.0
 
 
 # ---------------------------------------------------------------- datasets
+class CountingIterator:
+    """An iterator over ``items`` whose state is how many it has given (``at``)."""
+
+    def __init__(self, items):
+        self.items, self.at = items, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.at >= len(self.items):
+            raise StopIteration
+        self.at += 1
+        return self.items[self.at - 1]
+
+    def state_dict(self):
+        return {"at": self.at}
+
+    def load_state_dict(self, state):
+        self.at = state["at"]
+
+
 class Augmented:
     """Map-style samples with random augmentations drawn from random, numpy and torch."""
 

@@ -11,6 +11,7 @@ import tarfile
 import pytest
 
 import conveyor
+from resume_helpers import CountingIterator
 
 
 class Counted(conveyor.IterableDataset):
@@ -24,30 +25,10 @@ class Counted(conveyor.IterableDataset):
         self.epoch = epoch
 
     def __iter__(self):
-        return _CountedIterator(self) if self.stateful else iter(self._items())
+        return CountingIterator(self._items()) if self.stateful else iter(self._items())
 
     def _items(self):
         return [self.start + 1000 * self.epoch + i for i in range(self.n)]
-
-
-class _CountedIterator:
-    def __init__(self, dataset):
-        self.items, self.at = dataset._items(), 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.at >= len(self.items):
-            raise StopIteration
-        self.at += 1
-        return self.items[self.at - 1]
-
-    def state_dict(self):
-        return {"at": self.at}
-
-    def load_state_dict(self, state):
-        self.at = state["at"]
 
 
 WEIGHTS = {"web": 5, "code": 2, "books": 1}

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import conveyor
+from resume_helpers import CountingIterator
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -33,26 +34,6 @@ class Counting(conveyor.IterableDataset):
         info = conveyor.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         return CountingIterator(list(range(worker, ITEMS, workers)))
-
-
-class CountingIterator:
-    def __init__(self, items):
-        self.items, self.at = items, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.at >= len(self.items):
-            raise StopIteration
-        self.at += 1
-        return self.items[self.at - 1]
-
-    def state_dict(self):
-        return {"at": self.at}
-
-    def load_state_dict(self, state):
-        self.at = state["at"]
 
 
 class Stateless(conveyor.IterableDataset):

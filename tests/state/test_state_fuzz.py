@@ -31,6 +31,7 @@ import pytest
 
 import conveyor
 from conveyor.state._encoding import checksum
+from resume_helpers import CountingIterator
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -80,26 +81,6 @@ class Counting(conveyor.IterableDataset):
 
     def load_state_dict(self, state):
         self.start = state["start"]
-
-
-class CountingIterator:
-    def __init__(self, items):
-        self.items, self.at = items, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.at >= len(self.items):
-            raise StopIteration
-        self.at += 1
-        return self.items[self.at - 1]
-
-    def state_dict(self):
-        return {"at": self.at}
-
-    def load_state_dict(self, state):
-        self.at = state["at"]
 
 
 class Plain(conveyor.IterableDataset):
