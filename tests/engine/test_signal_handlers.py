@@ -105,6 +105,56 @@ def test_states_saved_by_a_signal_storm_resume_exactly(workers):
             assert rest == epochs[state["epoch"]]
 
 
+class SignalsWhileDrawing(conveyor.Sampler):
+    """A batch sampler whose first draw of each pass sends SIGUSR1
+    and goes on only once the handler has begun: a checkpoint signal that
+    arrives while the epoch's first batch is being drawn."""
+
+    def __init__(self, n: int, batch_size: int, handled: threading.Event):
+        self.n, self.batch_size, self.handled = n, batch_size, handled
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size
+
+    def __iter__(self):
+        self.handled.clear()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert self.handled.wait(30), "the signal's handler did not run"
+        order = list(range(self.n))[::-1]
+        for start in range(0, self.n, self.batch_size):
+            yield order[start : start + self.batch_size]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", WORKERS[:2])
+def test_a_handler_that_saves_while_a_save_draws_the_first_batch_returns(workers):
+    # The user saves a state before the first batch (the first batch is drawn then, in the save), and a signal
+    # whose handler saves too arrives during that draw: neither save waits on the other.
+    handled = threading.Event()
+    loader = conveyor.DataLoader(BusySamples(16), batch_sampler=SignalsWhileDrawing(16, 4, handled), **workers)
+    saved = []
+
+    def save(signum, frame):
+        handled.set()
+        saved.append(loader.state_dict())
+
+    previous = signal.signal(signal.SIGUSR1, save)
+    try:
+        iterator = iter(loader)
+        state = loader.state_dict()
+        batches = [firsts(batch) for batch in iterator]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert saved == [state] and state["position"] == 0
+    resumed = conveyor.DataLoader(BusySamples(16), batch_sampler=SignalsWhileDrawing(16, 4, handled))
+    resumed.load_state_dict(state)
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.set())
+    try:
+        assert [firsts(batch) for batch in resumed] == batches
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
 # ---------------------------------------------------------- raising handlers
 
 

@@ -10,12 +10,14 @@ epoch's draw: a shuffle not yet drawn from the global generator would be
 drawn anew, differently, after a resume. ``draw_first`` draws it then.
 
 It may be called from a signal handler, which the main thread runs between
-any two bytecodes, so also while the main thread is itself drawing that
-first batch. The main thread therefore never holds the lock while it draws:
-the first draw runs in a short-lived thread, which holds the lock, and the
-caller waits for it. A handler's ``draw_first`` then waits, at most for the
-draw itself, on a lock held by that thread, never on one the code it
-interrupted holds. Later draws take no lock: by then nothing else draws.
+any two bytecodes: while the main thread is itself drawing that first batch,
+or inside another handler's save that is waiting for it. So no caller ever
+draws, and the main thread never holds the lock: the first draw runs in a
+short-lived thread of its own, which takes the lock, and every caller (the
+pass's ``next()``, a save, a handler's save nested in either) starts that
+thread if none has started and waits for the draw's event. A handler waits
+at most for the draw itself, never on a lock the code it interrupted holds.
+Later draws take no lock: by then nothing else draws.
 """
 
 from __future__ import annotations
@@ -38,45 +40,51 @@ class FirstDrawAhead:
         self._on_first = on_first
         self._ahead: list = []
         self._error: Optional[BaseException] = None
+        #: Held by the drawing thread only (a second one, started by a handler in the window
+        #: below, finds the batch drawn).
         self._lock = threading.Lock()
         #: Set once the first batch is drawn (or the sampler raised), with on_first done.
         self._drawn = threading.Event()
-        self._drawer: Optional[threading.Thread] = None
+        self._drawers: list[threading.Thread] = []
 
     def draw_first(self) -> None:
-        """Draw the first batch now, if it was not drawn yet; if another
-        thread is drawing it, wait for that draw."""
+        """Draw the first batch now, if it was not drawn yet (in a thread of
+        its own); if it is being drawn, wait for that draw."""
         if self._drawn.is_set():
             return
-        with self._lock:
-            if not self._drawn.is_set():
-                self._draw()
+        if not self._drawers:
+            context = contextvars.copy_context()  # (the sampler sees the caller's context variables)
+            drawer = threading.Thread(target=context.run, args=(self._draw,), name="conveyor-first-draw", daemon=True)
+            # Started before it is listed: a handler that runs in between starts a second, which
+            # finds the batch drawn; listed first, the handler would wait for a thread not started.
+            drawer.start()
+            self._drawers.append(drawer)
+        self._drawn.wait()
 
     def _draw(self) -> None:
-        """The first draw, under the lock; a failure is kept for the pass's next()."""
-        try:
-            for batch in self._batches:
-                self._ahead.append(batch)
-                self._on_first(batch)
-                break
-        except BaseException as exc:  # (the sampler's own error: the pass's next() raises it)
-            self._error = exc
-        finally:
-            self._drawn.set()
+        """The first draw, in a drawing thread; a failure is kept for the pass's next()."""
+        with self._lock:
+            if self._drawn.is_set():
+                return
+            try:
+                for batch in self._batches:
+                    self._ahead.append(batch)
+                    self._on_first(batch)
+                    break
+            except BaseException as exc:  # (the sampler's own error: the pass's next() raises it)
+                self._error = exc
+            finally:
+                self._drawn.set()
 
     def __iter__(self) -> "FirstDrawAhead":
         return self
 
     def __next__(self) -> Any:
-        if not self._drawn.is_set():
-            if self._drawer is None:  # (a thread of its own draws: see the module docstring)
-                context = contextvars.copy_context()  # (the sampler sees the caller's context variables)
-                self._drawer = threading.Thread(
-                    target=context.run, args=(self.draw_first,), name="conveyor-first-draw", daemon=True
-                )
-                self._drawer.start()
-            self._drawn.wait()
-            self._drawer.join()  # (it is leaving: nothing of the pass's draw outlives it)
+        if self._drawers or not self._drawn.is_set():
+            self.draw_first()
+            for drawer in self._drawers:  # (they are leaving: nothing of the pass's draw outlives them)
+                drawer.join()
+            self._drawers.clear()
         error, self._error = self._error, None
         if error is not None:
             raise error
