@@ -25,7 +25,9 @@ torch = pytest.importorskip("torch")
 
 import procutil  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)
+#: The module's job of the scenarios that end well is run once (``together``): one xdist worker takes
+#: its tests, or each worker that took one would run it again.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("torch_distributed")]
 
 SCRIPT = textwrap.dedent(
     """
@@ -38,7 +40,7 @@ SCRIPT = textwrap.dedent(
 
     import conveyor.torch as data
 
-    out, scenario = sys.argv[1], sys.argv[2]
+    out, scenarios = sys.argv[1], sys.argv[2].split(",")
     saved_state = sys.argv[3] if len(sys.argv) > 3 else None
     # Built before the process group: ShardedIterable reads torchrun's RANK and WORLD_SIZE itself.
     sharded = {
@@ -51,74 +53,80 @@ SCRIPT = textwrap.dedent(
     def step():  # what DDP's backward does each batch: wait for every rank
         dist.all_reduce(torch.ones(1))
 
-    result = {"rank": rank, "world": world}
-    if scenario == "map":
-        dataset = list(range(40))
-        sampler = data.DistributedSampler(dataset, shuffle=True, seed=7)
-        loader = data.DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2, persistent_workers=True)
-        result["epochs"] = []
-        for epoch in range(2):
-            sampler.set_epoch(epoch)
+    def run(scenario):
+        result = {"rank": rank, "world": world}
+        if scenario == "map":
+            dataset = list(range(40))
+            sampler = data.DistributedSampler(dataset, shuffle=True, seed=7)
+            loader = data.DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2, persistent_workers=True)
+            result["epochs"] = []
+            for epoch in range(2):
+                sampler.set_epoch(epoch)
+                seen = []
+                for batch in loader:
+                    seen += batch.tolist()
+                    step()
+                reference = tud.DistributedSampler(dataset, shuffle=True, seed=7)
+                reference.set_epoch(epoch)
+                result["epochs"].append({"seen": seen, "torch": list(reference)})
+        elif scenario in sharded:
+            loader = data.DataLoader(sharded[scenario], batch_size=4, num_workers=2)
             seen = []
             for batch in loader:
                 seen += batch.tolist()
                 step()
-            reference = tud.DistributedSampler(dataset, shuffle=True, seed=7)
-            reference.set_epoch(epoch)
-            result["epochs"].append({"seen": seen, "torch": list(reference)})
-    elif scenario in sharded:
-        loader = data.DataLoader(sharded[scenario], batch_size=4, num_workers=2)
-        seen = []
-        for batch in loader:
-            seen += batch.tolist()
-            step()
-        result["seen"] = seen
-    elif scenario == "samplers":
-        import numpy as np
-        weights = [1.0 + (i % 5) for i in range(30)]
-        # (the same draw on every rank)
-        weighted = data.WeightedRandomSampler(weights, 30, generator=np.random.default_rng(11))
-        loader = data.DataLoader(list(range(30)), batch_size=4, num_workers=2, sampler=data.ShardedSampler(weighted))
-        seen = []
-        for batch in loader:
-            seen += batch.tolist()
-            step()
-        result["weighted"] = seen
-        result["weighted_all"] = list(data.WeightedRandomSampler(weights, 30, generator=np.random.default_rng(11)))
-        evaluation = data.DataLoader(list(range(31)), batch_size=4, num_workers=2,
-                                     sampler=data.DistributedSampler(list(range(31)), shuffle=True, even=False))
-        result["evaluated"] = [i for batch in evaluation for i in batch.tolist()]
-    elif scenario in ("elastic-save", "elastic-resume"):
-        dataset = list(range(40))
-        loader = data.DataLoader(dataset, batch_size=4, num_workers=2,
-                                 sampler=data.DistributedSampler(dataset, shuffle=True, seed=5))
-        if saved_state:
-            with open(saved_state) as f:
-                loader.load_state_dict(json.load(f))
-        seen = []
-        for k, batch in enumerate(loader):
-            seen += batch.tolist()
-            step()
-            if scenario == "elastic-save" and k == 2:
-                if rank == 0:
-                    with open(os.path.join(out, "state.json"), "w") as f:
-                        json.dump(loader.state_dict(), f)
-                break
-        result["seen"] = seen
-    elif scenario in ("raise", "kill"):
-        loader = data.DataLoader(list(range(400)), batch_size=4, num_workers=2,
-                                 sampler=data.DistributedSampler(list(range(400)), shuffle=False))
-        with open(os.path.join(out, f"workers-{rank}.json"), "w") as f:
-            it = iter(loader)
-            json.dump([p.pid for p in __import__("multiprocessing").active_children()], f)
-        for k, batch in enumerate(it):
-            if rank == 1 and k == 3:
-                if scenario == "raise":
-                    raise RuntimeError("rank 1 broke on purpose")
-                os.kill(os.getpid(), signal.SIGKILL)
-            step()
-    with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
-        json.dump(result, f)
+            result["seen"] = seen
+        elif scenario == "samplers":
+            import numpy as np
+            weights = [1.0 + (i % 5) for i in range(30)]
+            # (the same draw on every rank)
+            weighted = data.WeightedRandomSampler(weights, 30, generator=np.random.default_rng(11))
+            loader = data.DataLoader(list(range(30)), batch_size=4, num_workers=2,
+                                     sampler=data.ShardedSampler(weighted))
+            seen = []
+            for batch in loader:
+                seen += batch.tolist()
+                step()
+            result["weighted"] = seen
+            result["weighted_all"] = list(data.WeightedRandomSampler(weights, 30, generator=np.random.default_rng(11)))
+            evaluation = data.DataLoader(list(range(31)), batch_size=4, num_workers=2,
+                                         sampler=data.DistributedSampler(list(range(31)), shuffle=True, even=False))
+            result["evaluated"] = [i for batch in evaluation for i in batch.tolist()]
+        elif scenario in ("elastic-save", "elastic-resume"):
+            dataset = list(range(40))
+            loader = data.DataLoader(dataset, batch_size=4, num_workers=2,
+                                     sampler=data.DistributedSampler(dataset, shuffle=True, seed=5))
+            if saved_state:
+                with open(saved_state) as f:
+                    loader.load_state_dict(json.load(f))
+            seen = []
+            for k, batch in enumerate(loader):
+                seen += batch.tolist()
+                step()
+                if scenario == "elastic-save" and k == 2:
+                    if rank == 0:
+                        with open(os.path.join(out, "state.json"), "w") as f:
+                            json.dump(loader.state_dict(), f)
+                    break
+            result["seen"] = seen
+        elif scenario in ("raise", "kill"):
+            loader = data.DataLoader(list(range(400)), batch_size=4, num_workers=2,
+                                     sampler=data.DistributedSampler(list(range(400)), shuffle=False))
+            with open(os.path.join(out, f"workers-{rank}.json"), "w") as f:
+                it = iter(loader)
+                json.dump([p.pid for p in __import__("multiprocessing").active_children()], f)
+            for k, batch in enumerate(it):
+                if rank == 1 and k == 3:
+                    if scenario == "raise":
+                        raise RuntimeError("rank 1 broke on purpose")
+                    os.kill(os.getpid(), signal.SIGKILL)
+                step()
+        return result
+
+    for scenario in scenarios:  # (one after another, in one process group)
+        result = run(scenario)
+        with open(os.path.join(out, f"{scenario}-rank-{rank}.json"), "w") as f:
+            json.dump(result, f)
     dist.destroy_process_group()
     """
 )
@@ -130,9 +138,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(tmp_path, scenario, ranks=2, *args):
-    """Run the scenario on ``ranks`` ranks; (completed process, each rank's result or None, its folder)."""
-    out = tmp_path / f"{scenario}-{ranks}"
+def _torchrun(out, scenarios, ranks=2, *args):
+    """Run the scenarios one after another in one job of ``ranks`` ranks, in the folder ``out``:
+    (completed process, {scenario: each rank's result, or None where it wrote none})."""
     out.mkdir()
     script = out / "job.py"
     script.write_text(SCRIPT)
@@ -150,21 +158,34 @@ def _torchrun(tmp_path, scenario, ranks=2, *args):
         "0.2",
         str(script),
         str(out),
-        scenario,
+        ",".join(scenarios),
         *args,
     ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, cwd=out, capture_output=True, text=True, timeout=150)
-    results = []
-    for rank in range(ranks):
-        path = out / f"rank-{rank}.json"
-        results.append(json.loads(path.read_text()) if path.exists() else None)
-    return done, results, out
+    results = {}
+    for scenario in scenarios:
+        paths = [out / f"{scenario}-rank-{rank}.json" for rank in range(ranks)]
+        results[scenario] = [json.loads(path.read_text()) if path.exists() else None for path in paths]
+    return done, results
 
 
-def test_each_sample_once_per_epoch_in_torchs_order_and_set_epoch_reshuffles(tmp_path):
-    done, results, _ = _torchrun(tmp_path, "map")
+#: The scenarios that end well, run in one job (each job costs every rank seconds of imports and
+#: set-up), once for the module's tests.
+TOGETHER = ["map", "even-pad", "even-drop", "samplers", "elastic-save"]
+
+
+@pytest.fixture(scope="module")
+def together(tmp_path_factory) -> tuple:
+    """(the folder, {scenario: each rank's result}) of one 2-rank job of the ``TOGETHER`` scenarios."""
+    out = tmp_path_factory.mktemp("distributed") / "together"
+    done, results = _torchrun(out, TOGETHER)
     assert done.returncode == 0, done.stderr[-3000:]
+    return out, results
+
+
+def test_each_sample_once_per_epoch_in_torchs_order_and_set_epoch_reshuffles(together):
+    results = together[1]["map"]
     assert [r["world"] for r in results] == [2, 2]
     for epoch in range(2):
         seen = [results[rank]["epochs"][epoch]["seen"] for rank in range(2)]
@@ -175,10 +196,9 @@ def test_each_sample_once_per_epoch_in_torchs_order_and_set_epoch_reshuffles(tmp
 
 
 @pytest.mark.parametrize("even", ["pad", "drop"])
-def test_an_iterable_dataset_gives_every_rank_as_many_batches(tmp_path, even):
-    done, results, _ = _torchrun(tmp_path, f"even-{even}")
-    # A rank with fewer batches would leave the other in its all-reduce until the 60 s timeout.
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_an_iterable_dataset_gives_every_rank_as_many_batches(together, even):
+    # A rank with fewer batches would leave the other in its all-reduce until the 60 s timeout (the job fails).
+    results = together[1][f"even-{even}"]
     seen = [results[rank]["seen"] for rank in range(2)]
     assert len(seen[0]) == len(seen[1]) == (12 if even == "pad" else 11)
     everything = sorted(seen[0] + seen[1])
@@ -190,9 +210,10 @@ def test_an_iterable_dataset_gives_every_rank_as_many_batches(tmp_path, even):
 
 @pytest.mark.parametrize("scenario", ["raise", "kill"])
 def test_a_failing_rank_ends_the_job_with_a_report_instead_of_a_hang(tmp_path, scenario):
-    done, results, out = _torchrun(tmp_path, scenario)
+    out = tmp_path / scenario
+    done, results = _torchrun(out, [scenario])
     assert done.returncode != 0
-    assert results == [None, None]  # neither rank finished: rank 0 did not carry on alone
+    assert results[scenario] == [None, None]  # neither rank finished: rank 0 did not carry on alone
     report = done.stderr
     assert "local_rank: 1" in report or "rank: 1" in report, report[-3000:]  # torchrun names the failed rank
     if scenario == "raise":
@@ -234,9 +255,8 @@ def test_the_documented_example_runs_as_written_and_resumes(tmp_path):
     assert lines[1].startswith("2 ranks; training batches on rank 0: 4;")  # the rest of the epoch it stopped in
 
 
-def test_any_sampler_shared_out_and_evaluation_without_duplicates(tmp_path):
-    done, results, _ = _torchrun(tmp_path, "samplers")
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_any_sampler_shared_out_and_evaluation_without_duplicates(together):
+    results = together[1]["samplers"]
     drawn = results[0]["weighted_all"]
     assert results[1]["weighted_all"] == drawn  # the same draw on both ranks
     assert sorted(results[0]["weighted"] + results[1]["weighted"]) == sorted(drawn)  # 30 items, 15 a rank
@@ -246,13 +266,14 @@ def test_any_sampler_shared_out_and_evaluation_without_duplicates(tmp_path):
 
 
 @pytest.mark.parametrize("ranks_after", [1, 3])
-def test_state_saved_on_2_ranks_resumes_on_another_number_of_ranks(tmp_path, ranks_after):
-    done, saved, out = _torchrun(tmp_path, "elastic-save")
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_state_saved_on_2_ranks_resumes_on_another_number_of_ranks(together, tmp_path, ranks_after):
+    out, results = together
+    saved = results["elastic-save"]
     consumed = saved[0]["seen"] + saved[1]["seen"]
     assert len(consumed) == 24  # 3 batches of 4 on each of 2 ranks
-    done, resumed, _ = _torchrun(tmp_path, "elastic-resume", ranks_after, str(out / "state.json"))
+    done, resumed = _torchrun(tmp_path / "resumed", ["elastic-resume"], ranks_after, str(out / "state.json"))
     assert done.returncode == 0, done.stderr[-3000:]
+    resumed = resumed["elastic-resume"]
     rest = [r["seen"] for r in resumed]
     assert len({len(part) for part in rest}) == 1  # every rank as many: their all-reduces matched
     everything = consumed + [i for part in rest for i in part]

@@ -4,6 +4,8 @@ rank trains on its own half of the data, exactly as with torch.utils.data.
 
 The training runs in a script of its own: Lightning's DDP launcher starts
 the other rank by running the script again, which it cannot do with pytest.
+One launch trains twice, with conveyor's loader and then torch's (the
+second Trainer finds the ranks started and their process group made).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ SCRIPT = textwrap.dedent(
     import torch
     import lightning as L
 
-    import {module} as data
+    import torch.utils.data
+    import conveyor.torch
 
-    class Indexed(data.Dataset):
+    class Indexed(torch.utils.data.Dataset):
         def __len__(self):
             return 20
 
@@ -39,8 +42,9 @@ SCRIPT = textwrap.dedent(
             return torch.tensor([float(i)]), i
 
     class Model(L.LightningModule):
-        def __init__(self):
+        def __init__(self, name):
             super().__init__()
+            self.name = name
             self.layer = torch.nn.Linear(1, 1)
             self.seen = []
 
@@ -53,37 +57,39 @@ SCRIPT = textwrap.dedent(
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
         def on_train_end(self):
-            with open(os.path.join(sys.argv[1], f"rank-{{self.global_rank}}.json"), "w") as f:
+            with open(os.path.join(sys.argv[1], f"{{self.name}}-rank-{{self.global_rank}}.json"), "w") as f:
                 json.dump(self.seen, f)
 
     if __name__ == "__main__":
-        loader = data.DataLoader(Indexed(), batch_size=4, shuffle=False, num_workers={num_workers})
-        trainer = L.Trainer(
-            accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        )
-        trainer.fit(Model(), loader)
+        for data in (conveyor.torch, torch.utils.data):
+            loader = data.DataLoader(Indexed(), batch_size=4, shuffle=False, num_workers={num_workers})
+            trainer = L.Trainer(
+                accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
+                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            )
+            trainer.fit(Model(data.__name__), loader)
     """
 )
 
 
-def _ranks_saw(tmp_path, module, num_workers):
-    out = tmp_path / module.replace(".", "_")
-    out.mkdir()
+def _ranks_saw(tmp_path, num_workers) -> dict:
+    """{module: [the indices rank 0 saw, rank 1's]}, for conveyor.torch's loader and torch's."""
+    out = tmp_path
     script = out / "train.py"
-    script.write_text(SCRIPT.format(module=module, num_workers=num_workers))
+    script.write_text(SCRIPT.format(num_workers=num_workers))
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "MASTER_ADDR": "127.0.0.1"}
     done = subprocess.run(
         [sys.executable, str(script), str(out)], env=env, cwd=out, capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(2)]
+    modules = ("conveyor.torch", "torch.utils.data")
+    return {m: [json.loads((out / f"{m}-rank-{rank}.json").read_text()) for rank in range(2)] for m in modules}
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_workers", [1])
 def test_ddp_gives_each_rank_its_own_half_as_with_torch(tmp_path, num_workers):
-    ours = _ranks_saw(tmp_path, "conveyor.torch", num_workers)
-    theirs = _ranks_saw(tmp_path, "torch.utils.data", num_workers)
+    saw = _ranks_saw(tmp_path, num_workers)
+    ours, theirs = saw["conveyor.torch"], saw["torch.utils.data"]
     assert ours == theirs
     assert sorted(ours[0] + ours[1]) == list(range(20)) and not set(ours[0]) & set(ours[1])

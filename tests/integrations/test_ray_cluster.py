@@ -80,7 +80,10 @@ SCRIPT = textwrap.dedent(
     out = sys.argv[1]
     kwargs = dict(batch_size=4, shuffle=True, seed=7, num_workers=2)
     expected = rows(DataLoader(Slow(), **kwargs))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0}, connect=False)
+    # A node removed is found dead by Ray's health checks: every second, dead after three missed (by default
+    # every 3 s, after five: the scenarios waited about 15 s each).
+    checks = {"health_check_period_ms": 1000, "health_check_timeout_ms": 2000, "health_check_failure_threshold": 3}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": checks}, connect=False)
     results = {}
     try:
         nodes = [cluster.add_node(num_cpus=2, resources={"loader": 2}) for _ in range(2)]
