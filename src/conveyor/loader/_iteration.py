@@ -6,7 +6,8 @@
         executor:  begin_epoch(plan) ... next_batch() ──▶ Delivered(batch_index, data | error, copies, timings, skipped)
         delivery:  skipped samples ──▶ SkipLedger (skip_bad_samples: log, stats, budget);
                    a batch whose every sample was skipped ──▶ the next one
-                   [pin thread] ──▶ stats.batch (StatsRecorder) ──▶ progress.delivered(index, copies)
+                   [pin thread] ──▶ stats.batch (StatsRecorder) [──▶ a Mix's MixTally]
+                   ──▶ progress.delivered(index, copies)
                    ──▶ the batch (or its error)
 
 Each ``next()`` is timed (the loop's wait, and its compute since the
@@ -69,6 +70,9 @@ class LoaderIterator:
         first, skip = progress.position, frozenset(progress.delivered_ahead)
         epoch_id = next(_pass_ids)
         tasks = _plan(batches, epoch_id, start.base_seed, first, skip, plan.loading.kind, dataset_epoch)
+        self._tally = plan.delivering.mix_tally()  # (a Mix with stats on: its sources' figures, this pass's)
+        if self._tally is not None:
+            tasks = self._tally.watch(tasks)
         try:
             starting = executor.begin_epoch(epoch_id, tasks, first, skip, start.copies)
         except BaseException:  # (an iterable's __iter__ or load_state_dict raised, num_workers=0)
@@ -97,6 +101,7 @@ class LoaderIterator:
         self._skips = SkipLedger(budget, delivering.epoch_samples, progress.skipped) if budget is not None else None
         if self._stats is not None:
             self._pass_id = self._stats.begin_pass(started_at, _length(plan), num_workers, plan.running.method)
+            self._stats.mix = self._tally
         self._executor = executor
         #: A batch taken from the executor and not yet handed out (see _next).
         self._held: Optional[Delivered] = None
@@ -148,6 +153,9 @@ class LoaderIterator:
             delivered = self._held = _pin_delivered(delivered)
         if self._stats is not None and self._counted != delivered.batch_index:
             self._stats.batch(self._pass_id, delivered, called_at, perf_counter())
+            if self._tally is not None:
+                left_out = [skipped.index for skipped in delivered.skipped]
+                self._tally.delivered(delivered.batch_index, left_out, raised=delivered.error is not None)
             self._counted = delivered.batch_index
         self._progress.delivered(delivered.batch_index, delivered.copies)
         self._held = None

@@ -11,7 +11,8 @@ each layer receiving only its own, and how they are made (``make_plan``).
         .sampling   the order and its seeds: the index sampler,
                     seed, generator, flavour (Sampling)             ──▶ the state, the pass
         .delivering one pass's delivery: pinning, the length torch
-                    checks, the bad-sample budget, stats (Delivering) ──▶ the iterator
+                    checks, the bad-sample budget, stats and a Mix's
+                    count of its sources (Delivering)               ──▶ the iterator
 
 The loader makes a plan when a pass starts and when its state is saved or
 loaded, reading its arguments each time (a torch user may set
@@ -30,6 +31,7 @@ from .._engine.executor.kinds import kind_of
 from .._engine.executor.records import Running
 from .._engine.loading.fetch import FetchSpec, collate_route
 from .._engine.workers.launch import START_METHODS, resolve_start_method
+from ..mix import Mix, MixTally
 from ..ray_options import ray_workers_of
 from ..skips import epoch_samples
 
@@ -64,6 +66,12 @@ class Delivering:
     #: skip_bad_samples (None: off), and the epoch's samples its fraction is of.
     skip_budget: Any
     epoch_samples: Optional[int]
+    #: The Mix whose sources the stats count per pass (``stats().mix``; None: not a Mix, or stats off).
+    mix: Optional[Mix] = None
+
+    def mix_tally(self) -> Optional[MixTally]:
+        """A new pass's count of the mix's sources (None: nothing to count)."""
+        return MixTally(self.mix) if self.mix is not None else None
 
 
 @dataclass(frozen=True)
@@ -170,6 +178,7 @@ def make_plan(loader: LoaderArguments) -> Plan:
         stats=loader._stats,
         skip_budget=loader.skip_bad_samples,
         epoch_samples=epoch_samples(loader.sampler, loader.batch_sampler, loader.dataset) if skipping else None,
+        mix=loader.dataset if isinstance(loader.dataset, Mix) and loader._stats is not None else None,
     )
     return Plan(loading, running, sampling, delivering)
 

@@ -308,6 +308,27 @@ class Mix(Dataset[Any]):
         counts = self._order.counts(self._bounded(position))
         return {name: int(c) for name, c in zip(self.names, counts)}
 
+    def account(self, positions: "Sequence[int] | np.ndarray") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per source, over ``positions`` (any set: a loader's delivered
+        batches): its samples there (int64), its target there (the sum over
+        the positions of its share at each, float64), and one past the
+        highest count among them (int64; 0 where it has none: its epoch is
+        ``divmod`` of that by its length)."""
+        p = np.asarray(positions, dtype=np.int64).reshape(-1)
+        n = len(self.names)
+        served, target, reached = np.zeros(n, np.int64), np.zeros(n), np.zeros(n, np.int64)
+        if not p.size:
+            return served, target, reached
+        p = np.where(p < 0, p + self._length, p)
+        sources, counts = self._order.locate_many(p)
+        served += np.bincount(sources, minlength=n)
+        np.maximum.at(reached, sources, counts + 1)
+        blocks, at = np.unique(self._blocks.blocks_at(p), return_counts=True)
+        for block, many in zip(blocks.tolist(), at.tolist()):
+            shares = self._blocks.shares(block)
+            target += many * np.asarray(shares.units, dtype=np.float64) / shares.period
+        return served, target, reached
+
     def _bounded(self, position: Any) -> int:
         p = operator.index(position)
         if not 0 <= p <= self._length:

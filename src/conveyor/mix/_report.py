@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 __all__ = ["MixReport", "SourceReport"]
 
@@ -43,12 +43,17 @@ class MixReport:
                 return source
         raise KeyError(f"the mix has no source {name!r}; it has {[s.name for s in self.sources]}")
 
-    def table(self) -> str:
-        """One line per source: served, share against target, epoch."""
-        lines = [f"mix after {self.position} positions:"]
+    def table(self, title: str = "") -> str:
+        """One line per source: served, share against target, epoch; under
+        ``title`` (default: ``mix after {position} positions:``)."""
+        lines = [title or f"mix after {self.position} positions:"]
         for s in self.sources:
             lines.append(
                 f"  {s.name:<16} {s.served:>12} served  share {100 * s.share:6.2f}% (target "
                 f"{100 * s.target_share:6.2f}%)  epoch {s.epoch} ({s.in_epoch}/{s.length})"
             )
         return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        """Plain values (``json.dumps`` takes it): ``position`` and one dict per source."""
+        return {"position": self.position, "sources": [asdict(source) for source in self.sources]}

@@ -12,10 +12,13 @@ them, which table.py and verdict.py build on these figures.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional
 
 from .machine import CoreUse
 from .workers import NodeStats, PerWorker, WorkerStats
+
+if TYPE_CHECKING:
+    from ..mix import MixReport
 
 #: The stages of one batch, in the order a batch meets them.
 STAGES = ("sampler", "fetch", "collate", "transport", "queue", "pin", "wait", "compute")
@@ -211,6 +214,9 @@ class LoaderFigures:
     #: loaded on; -1: the main process), and each node's: workers.py, docs/stats.md.
     workers: tuple[WorkerStats, ...] = ()
     nodes: tuple[NodeStats, ...] = ()
+    #: Over a ``conveyor.Mix``: the latest pass's delivered samples per source against their
+    #: target, and each source's epoch (mix.MixReport; None for any other dataset).
+    mix: Optional["MixReport"] = None
     interval: Optional["LoaderFigures"] = None
     _mark: Optional[Mark] = field(default=None, repr=False, compare=False)
 
@@ -253,6 +259,7 @@ class LoaderFigures:
             "skipped": [record.to_dict() for record in self.skipped],
             "workers": [worker.to_dict() for worker in self.workers],
             "nodes": [node.to_dict() for node in self.nodes],
+            "mix": self.mix.to_dict() if self.mix is not None else None,
         }
         if self._mark is not None:
             out["raw"] = _raw(self._mark)

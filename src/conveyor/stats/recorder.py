@@ -120,6 +120,8 @@ class StatsRecorder:
         self._listeners: list[Listener] = []
         self._due = float("inf")
         self.tracer: Optional[Any] = None
+        #: The latest pass's count of a Mix's sources (mix/_tally.py; None: not a Mix).
+        self.mix: Optional[Any] = None
 
     def __reduce__(self) -> tuple[Callable[[int, list[Listener]], StatsRecorder], tuple[int, list[Listener]]]:
         """A pickled loader starts its stats afresh; the progress bar comes
@@ -362,6 +364,7 @@ class StatsRecorder:
                 worker_starts=self.worker_starts,
                 slots_in_use=self.slots_in_use,
                 skipped=tuple(self._skipped),
+                mix=self.mix.report() if self.mix is not None else None,
             )
         stats = self._latest = _stats_from(mark, columns, extras, self.num_workers)
         if since_mark is None or interval_mark is None:  # (both or neither)

@@ -120,6 +120,9 @@ def text_table(stats: LoaderFigures) -> str:
         )
     lines += [f"  {line}" for line in share_lines(stats) + worker_lines(stats)]
     lines.append("  (stage shares: loading stages of the loading time; wait and compute of wall time)")
+    if stats.mix is not None:
+        title = f"mix sources over the latest pass's {stats.mix.position} samples delivered:"
+        lines += [f"  {line}" for line in stats.mix.table(title).splitlines()]
     return "\n".join(lines)
 
 
