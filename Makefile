@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test coverage bench clean setup
+.PHONY: demo test coverage bench bench-peers clean setup
 
 setup: $(STAMP)
 
@@ -49,5 +49,20 @@ coverage: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 
+# The peers bench/mix.py and bench/scale_order.py measure conveyor against (Grain, Hugging Face
+# datasets, litdata, MosaicML Streaming), in a folder beside the environment, not in it: their own
+# requirements would move the dev environment's numpy, fsspec and transformers, and Streaming's a
+# torchvision that does not load against the CPU torch (pip install --dry-run shows both). So each
+# is installed with --no-deps, with the few modules it imports that the environment lacks; the
+# benchmarks add the folder to sys.path after the environment's own (--peers-path, their default
+# when it exists).
+PEERS := .bench-peers
+PEER_PACKAGES := grain==0.2.18 absl-py==2.5.1 etils==1.15.0 array_record==0.8.6 portpicker==1.6.0 \
+	datasets==5.0.1 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0 httpx==0.29.0 httpcore==1.0.9 \
+	litdata==0.2.76 mosaicml-streaming==0.13.0
+
+bench-peers: $(STAMP)
+	$(PY) -m pip install --quiet --no-deps --target $(PEERS) $(PEER_PACKAGES)
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .coverage .coverage.*
+	rm -rf $(VENV) $(PEERS) build src/*.egg-info .pytest_cache .coverage .coverage.*

@@ -15,7 +15,8 @@ them and yields ``--samples`` samples in batches of 256, num_workers=0:
              local folder (a tenth of the lengths), read from there (so its figure includes its chunk reads)
   streaming  MosaicML Streams: skipped where it does not import (the JSON says why)
 
-``--peers-path`` appends a folder of installed peers to sys.path (after this
+``--peers-path`` (default: ``.bench-peers``, which ``make bench-peers`` fills,
+when it exists) appends a folder of installed peers to sys.path (after this
 environment's own packages). Also measured for conveyor: the peak RSS added
 while mapping 10**7 positions (flat: no order is stored), and the time to
 load a state saved at 90% of the mix and deliver the next batch. Each library is
@@ -37,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -46,6 +48,8 @@ import conveyor
 WEIGHTS = {"web": 0.6, "code": 0.3, "books": 0.1}
 LENGTHS = {"web": 60_000, "code": 30_000, "books": 10_000}
 BATCH = 256
+#: Where `make bench-peers` installs the peers (the default --peers-path when it exists).
+DEFAULT_PEERS = Path(__file__).resolve().parent.parent / ".bench-peers"
 #: Where litdata's chunks are written (removed at the end of the run).
 _SCRATCH: Any = None
 
@@ -216,7 +220,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=200_000)
     parser.add_argument("--positions", type=int, default=10**7)
-    parser.add_argument("--peers-path", default=None)
+    parser.add_argument("--peers-path", default=str(DEFAULT_PEERS) if DEFAULT_PEERS.is_dir() else None)
     parser.add_argument("--out", default=None)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()

@@ -37,8 +37,8 @@ index, which is how its Python binding is called); MosaicML Streaming's
 epoch, over shards of 100 000 samples, as an array). A subject that cannot
 run at a size on this machine (an order of ``n`` int64 past its memory) is
 listed under ``skipped`` with the reason. Grain and Streaming are imported
-from ``--peers`` when they are not installed (``pip install --target DIR
-grain mosaicml-streaming absl-py``); only their permutation modules are
+from ``--peers`` when they are not installed (default ``.bench-peers``,
+which ``make bench-peers`` fills); only their permutation modules are
 loaded, not their whole packages.
 
 The JSON gives each figure per subject and size, and ratios: torch's,
@@ -69,7 +69,7 @@ BLOCKED = 1 << 22
 #: How Grain and Streaming were reached (the JSON says it).
 PEERS_NOTE = (
     "Grain's index_shuffle and Streaming's get_shuffle_py1e imported from an installed package, else from "
-    "{peers} (pip install --target {peers} --no-deps grain==0.2.18 mosaicml-streaming absl-py), their modules "
+    "{peers} (make bench-peers), their modules "
     "loaded by file without their packages' other imports"
 )
 #: Runs of a timing whose first run is quicker than QUICK_S (the median is reported).
@@ -387,7 +387,9 @@ def ratios(results: dict, n: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1e6,1e8,1e10", help="dataset sizes, comma-separated")
-    parser.add_argument("--peers", default="/tmp/peers", help="a folder Grain and Streaming were installed into")
+    parser.add_argument(
+        "--peers", default=str(ROOT / ".bench-peers"), help="a folder Grain and Streaming were installed into"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results-scale-order.json")
     parser.add_argument("--child", nargs=2, metavar=("SUBJECT", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
