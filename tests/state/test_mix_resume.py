@@ -1,13 +1,15 @@
-"""A loader over conveyor.Mix resumes exactly (0 and 2 workers, after a
-change of weights too, through the torch façade with torch's generator, and
-from a job of two ranks on three), and refuses a state saved over another
-mix, naming what differs."""
+"""A loader over conveyor.Mix resumes exactly (0, 1, 2 and 4 workers,
+processes and threads, at every point of two epochs by the round-trip
+helper; after a change of weights too, through the torch façade with
+torch's generator, and from a job of two ranks on three), and refuses a
+state saved over another mix, naming what differs."""
 
 from __future__ import annotations
 
 import pytest
 
 import conveyor
+from roundtrip import check_round_trip
 
 
 def _arguments():
@@ -39,6 +41,27 @@ def test_resume_is_exact_at_any_batch(num_workers, stop_after):
     resumed = _loader(_mix(), num_workers)
     resumed.load_state_dict(state)
     assert served + [b.tolist() for b in resumed] == full
+
+
+WORKERS = {
+    "in this process": {},
+    "1 process": {"num_workers": 1},
+    "4 processes": {"num_workers": 4},
+    "2 threads": {"num_workers": 2, "worker_method": "thread"},
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", list(WORKERS), ids=list(WORKERS))
+def test_a_loader_over_a_scheduled_mix_round_trips_at_every_point_of_two_epochs(workers):
+    # 24 positions, the weights changing at 12: a source wraps (books: 5 samples) and the order reshuffles.
+    def build():
+        mix = _mix(
+            weights=[(0, {"web": 3, "code": 2, "books": 1}), (12, {"web": 1, "code": 1, "books": 2})], num_samples=24
+        )
+        return conveyor.DataLoader(mix, batch_size=4, shuffle=True, seed=5, **WORKERS[workers])
+
+    assert check_round_trip(build, epochs=2) > 12
 
 
 @pytest.mark.parametrize(

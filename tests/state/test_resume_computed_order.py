@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore:This 
 
 WORKERS = {
     "in this process": {},
+    "1 process": {"num_workers": 1},
     "2 processes": {"num_workers": 2},
+    "4 processes": {"num_workers": 4},
     "2 threads": {"num_workers": 2, "worker_method": "thread"},
 }
 
