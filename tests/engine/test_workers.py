@@ -294,7 +294,10 @@ class WhoLoadedTorch:
         return 4
 
     def __getitem__(self, i):
-        return {"torch_loaded": "torch" in sys.modules, "pid": os.getpid()}
+        # (and whether the worker imported conveyor's parts it does not run: the loader, stats, mixing, stores)
+        parts = ("conveyor.loader", "conveyor.stats", "conveyor.mix", "conveyor.store")
+        unused = [m for m in parts if m in sys.modules]
+        return {"torch_loaded": "torch" in sys.modules, "pid": os.getpid(), "unused": len(unused)}
 
 if __name__ == "__main__":
     report = {"main_pid": os.getpid()}
@@ -304,6 +307,7 @@ if __name__ == "__main__":
         report[method] = {
             "torch_loaded": [bool(b["torch_loaded"][0]) for b in batches],
             "pids": sorted({int(b["pid"][0]) for b in batches}),
+            "unused": [int(b["unused"][0]) for b in batches],
         }
     report["main_torch_loaded"] = "torch" in sys.modules
     print(json.dumps(report))
@@ -312,6 +316,8 @@ if __name__ == "__main__":
 
 @pytest.mark.timeout(45)
 def test_numpy_dataset_under_spawn_imports_torch_in_no_process(tmp_path):
+    # (nor, under spawn, the parts of conveyor a worker does not run: `import conveyor` imports its names
+    # when first used, so a spawn worker starts in about two thirds of the time)
     script = tmp_path / "no_torch.py"
     script.write_text(NO_TORCH_SCRIPT)
     report = run_python([str(script)], cwd=tmp_path)
@@ -319,6 +325,7 @@ def test_numpy_dataset_under_spawn_imports_torch_in_no_process(tmp_path):
     for method in ("spawn", "forkserver"):
         assert report[method]["torch_loaded"] == [False] * 4, method
         assert report["main_pid"] not in report[method]["pids"], "batches must come from workers"
+    assert report["spawn"]["unused"] == [0] * 4
 
 
 USER_CODE = """

@@ -4,6 +4,7 @@ and the core importing no framework."""
 import subprocess
 import sys
 
+import pytest
 import torch.utils.data as tud
 
 import conveyor
@@ -35,6 +36,28 @@ def test_every_exported_name_exists_and_is_documented():
 def test_torch_facade_has_every_public_name_of_torch_utils_data():
     missing = [name for name in tud.__all__ if name not in NOT_PROVIDED and not hasattr(ct, name)]
     assert missing == []
+
+
+def test_import_conveyor_imports_each_name_when_first_used():
+    code = (
+        "import sys, conveyor; before = 'conveyor.loader' in sys.modules; conveyor.DataLoader; "
+        "print(before, 'conveyor.loader' in sys.modules, conveyor.stats.LoaderStats.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.split() == ["False", "True", "LoaderStats"]
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        conveyor.Nothing  # noqa: B018
+
+
+def test_every_former_module_name_is_found_by_the_package_that_registers_it():
+    import importlib
+
+    from conveyor import _former_names
+
+    registered = {}
+    for package in ("conveyor.loader", "conveyor.state", "conveyor.dataset"):
+        registered.update(dict.fromkeys(importlib.import_module(package)._FORMER_NAMES, package))
+    assert registered == _former_names.HOMES
 
 
 def test_core_import_loads_no_framework():
