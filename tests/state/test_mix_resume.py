@@ -29,7 +29,7 @@ def _loader(mix, num_workers=0):
     return conveyor.DataLoader(mix, batch_size=8, shuffle=True, seed=3, num_workers=num_workers)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 4])
 @pytest.mark.parametrize("stop_after", [1, 6, 9])  # batch 6 and later: past the change of weights at 48
 def test_resume_is_exact_at_any_batch(num_workers, stop_after):
     full = [b.tolist() for b in _loader(_mix())]
@@ -43,10 +43,10 @@ def test_resume_is_exact_at_any_batch(num_workers, stop_after):
     assert served + [b.tolist() for b in resumed] == full
 
 
+#: At every point of two epochs (a loader and its workers each): in this process and threads; processes
+#: (1 and 4) at chosen points, by test_resume_is_exact_at_any_batch.
 WORKERS = {
     "in this process": {},
-    "1 process": {"num_workers": 1},
-    "4 processes": {"num_workers": 4},
     "2 threads": {"num_workers": 2, "worker_method": "thread"},
 }
 
