@@ -208,6 +208,9 @@ def test_distributed_sampler_over_a_mix_serves_every_position_once(ranks):
         ({"weights": [(5, {"a": 1, "b": 1})]}, ValueError, "first step must start at position 0"),
         ({"weights": lambda p: {"a": 1, "b": 1}}, ValueError, "schedule_every"),
         ({"weights": lambda p: {"a": -1, "b": 1}, "schedule_every": 4}, ValueError, "weights(0)['a']"),
+        # (positions past 2**63 - 1 do not fit the int64 positions a batch is looked up by)
+        ({"weights": [(0, {"a": 1, "b": 1}), (2**63, {"a": 1, "b": 2})]}, ValueError, "[0, 2**63 - 1]"),
+        ({"weights": lambda p: {"a": 1, "b": 1}, "schedule_every": 2**63}, ValueError, "[1, 2**63 - 1]"),
         ({"num_samples": -1}, ValueError, "num_samples must be in [0, 2**63 - 1]"),
         ({"num_samples": 2**64}, ValueError, "below 2**64"),
         ({"num_samples": 1.5}, TypeError, "num_samples must be an int"),
@@ -287,6 +290,17 @@ def test_each_block_of_a_schedule_keeps_its_prefixes_within_one_sample(steps):
         _, indices = mix.locate_many(np.flatnonzero(sources == s))
         whole = len(indices) // n * n
         assert all(sorted(indices[i : i + n].tolist()) == list(range(n)) for i in range(0, whole, n))
+
+
+def test_steps_and_blocks_up_to_the_last_int64_position_are_read_in_batches():
+    sources = {"a": [1, 2, 3], "b": [4, 5]}
+    last = 2**63 - 1
+    for kwargs in (
+        {"weights": [(0, {"a": 1, "b": 1}), (last, {"a": 1, "b": 2})]},
+        {"weights": lambda p: {"a": 1, "b": 1}, "schedule_every": last},
+    ):
+        mix = conveyor.Mix(sources, num_samples=6, **kwargs)
+        assert mix.__getitems__([0, 1, 2, 3]) == [mix[0], mix[1], mix[2], mix[3]]
 
 
 def test_positions_outside_the_mix_and_bad_prefixes_are_refused():
