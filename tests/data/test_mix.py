@@ -62,6 +62,16 @@ def test_arbitrary_float_weights_are_realised_within_2_to_the_minus_20(weights):
         assert all(abs(counts[n] - p * mix.shares[n]) < 1 for n in names)
 
 
+def test_weights_near_the_largest_float_are_mixed_by_their_ratio():
+    # (exact ints, so no simple fraction: the shares are rounded, and the weights' sum is past the largest float)
+    sources = {"a": [1], "b": [2], "c": [3], "d": [4]}
+    mix = conveyor.Mix(sources, weights={"a": 1e308, "b": 1.7e308, "c": 0.0, "d": 1e-300}, num_samples=8)
+    assert abs(mix.shares["a"] - 1 / 2.7) <= 2**-20 * 4 and mix.shares["c"] == 0
+    assert mix.shares["d"] == 2**-20  # (a positive weight keeps one position per period)
+    with pytest.raises(ValueError, match=r"weights\['a'\] is an int too large for a float"):
+        conveyor.Mix({"a": [1], "b": [2]}, weights={"a": 10**400, "b": 1}, num_samples=8)
+
+
 def _reference(lengths, weights, seed, num_samples):
     """The mix simulated position by position: each position takes, of the
     sources whose next sample is released, the one with the earliest
