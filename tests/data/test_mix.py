@@ -253,6 +253,17 @@ def test_bad_sources_are_refused_at_construction():
         conveyor.Mix({"a": [1, 2], "b": [3]}, weights=[(0, {"a": 1, "b": 1}), (1, {"a": 1, "b": 0})], stop="all")
 
 
+@pytest.mark.timeout(20)
+def test_stop_first_with_a_function_schedule_does_not_wait_for_a_source_never_read():
+    # ("b" is never read: its end is never reached, and the mix ends where "a" runs out)
+    mix = conveyor.Mix({"a": [1, 2, 3], "b": [4, 5]}, weights=lambda p: {"a": 1, "b": 0}, schedule_every=100)
+    assert len(mix) == 3 and mix.counts(3) == {"a": 3, "b": 0}
+    late = conveyor.Mix(
+        {"a": [1, 2, 3], "b": [4, 5]}, weights=lambda p: {"a": 1, "b": float(p >= 10**6)}, schedule_every=10
+    )
+    assert len(late) == 3
+
+
 def _ramp(position):
     return {"a": 1.0, "b": 0.37 + position / 300, "c": 0.05}
 

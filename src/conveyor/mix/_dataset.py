@@ -194,10 +194,11 @@ class Mix(Dataset[Any]):
         if stop == "never":
             raise ValueError("Mix: stop='never' needs num_samples= (the mix's length: a map-style dataset has one)")
         stop = stop or "first"
-        ends = {name: self._order.reaches(s, n) for s, (name, n) in enumerate(zip(self.names, self.lengths))}
         if stop == "first":
-            reached = [end for end in ends.values() if end is not None]
-            return stop, min(reached)
+            first = self._order.first_reached(dict(enumerate(self.lengths)))
+            assert first is not None  # (the last block, or every block of a function, reads some source)
+            return stop, first
+        ends = {name: self._order.reaches(s, n) for s, (name, n) in enumerate(zip(self.names, self.lengths))}
         never = [name for name, end in ends.items() if end is None and self._ever_read(name)]
         if never:
             raise ValueError(
