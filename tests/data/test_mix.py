@@ -331,6 +331,13 @@ def test_positions_outside_the_mix_and_bad_prefixes_are_refused():
         mix[10]
     with pytest.raises(IndexError, match="outside the mix's 10 positions"):
         mix.__getitems__([0, 11])
+    # A batch's positions are ints, as one position is: none truncated (1.5 read 1), none wrapped (2**64 - 1 read 9).
+    with pytest.raises(TypeError, match="positions must be ints, got an array of float64"):
+        mix.__getitems__([1.5, 2])
+    with pytest.raises(IndexError, match="outside the mix's 10 positions"):
+        mix.locate_many(np.array([2**64 - 1], dtype=np.uint64))
+    assert mix.locate_many(np.array([9], dtype=np.uint64))[1].tolist() == [mix.locate_many([9])[1][0]]
+    assert mix.__getitems__([]) == []
     with pytest.raises(ValueError, match=r"a position in \[0, 10\]"):
         mix.report(11)
     assert mix.report(0)["a"].served == 0 and mix.report(10)["a"].target == 5.0
