@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import operator
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
@@ -101,8 +102,13 @@ class IterableMix(IterableDataset[Any]):
         return _MixIterator(self)
 
     def source_of(self, position: int) -> str:
-        """The name of the source that position ``position`` reads."""
-        return self.names[self._order.locate(position)[0]]
+        """The name of the source that position ``position`` (an int >= 0,
+        below ``num_samples`` when given) reads."""
+        p = operator.index(position)
+        if p < 0 or (self.num_samples is not None and p >= self.num_samples):
+            bound = "..." if self.num_samples is None else self.num_samples
+            raise IndexError(f"IterableMix: position {position} is outside the mix's positions [0, {bound})")
+        return self.names[self._order.locate(p)[0]]
 
     def resume_settings(self) -> dict[str, Any]:
         """What a loader's state records of the mix (see ``Mix.resume_settings``)."""
