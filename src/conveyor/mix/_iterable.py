@@ -8,10 +8,11 @@ The source of each position is the map-style mix's stateless map; only the
 streams themselves move. A source that runs out ends the mix
 (``stop="first"``), or starts its next epoch (its ``set_epoch(epoch)`` when
 it has one, then a new ``iter()``): with ``stop="all"`` until every source
-of positive weight has run out once (one whose weight becomes 0 before it
-runs out is an error), with ``stop="never"`` for good (``num_samples=`` then
-bounds the mix). With worker processes each worker mixes its own copy, over
-the share of each stream that the stream gives that worker (streams shard
+of positive weight has run out once (with a list of steps, one whose weight
+becomes 0 before it runs out is an error; a function's are all waited for),
+with ``stop="never"`` for good (``num_samples=`` then bounds the mix).
+With worker processes each worker mixes its own copy, over the share of
+each stream that the stream gives that worker (streams shard
 themselves, as ``ShardStream`` and ``ShardedIterable`` do). The mix owns its
 streams' epochs: each pass over it starts them at epoch 0 (``set_epoch(0)``),
 on a ``copy.copy`` of each stream that has ``set_epoch``, so two passes at
