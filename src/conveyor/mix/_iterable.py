@@ -182,7 +182,8 @@ class _MixIterator(Iterator[Any]):
             if mix._never_read_after(self.position, waiting):
                 raise ValueError(
                     f"IterableMix: with stop='all' the mix never ends: the sources {[mix.names[i] for i in waiting]} "
-                    f"stop being read (their weight becomes 0) before running out; give num_samples= or stop='first'"
+                    f"stop being read (their weight becomes 0) before running out (a stream runs out when a read "
+                    f"finds it empty); give num_samples= or stop='first'"
                 )
         self.epochs[s] += 1
         self.taken[s] = 0
