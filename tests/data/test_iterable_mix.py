@@ -6,6 +6,7 @@ resume through the loader (streams with and without state of their own,
 from __future__ import annotations
 
 import io
+import itertools
 import tarfile
 
 import pytest
@@ -59,6 +60,30 @@ def test_stopping_rules():
         conveyor.IterableMix(_streams(), weights={**WEIGHTS, "news": 1})
     with pytest.raises(TypeError, match="not iterable"):
         conveyor.IterableMix({"a": 3})
+
+
+def test_source_of_a_position_outside_the_mix_is_refused():
+    mix = conveyor.IterableMix(
+        {"a": range(3), "b": range(10, 12)}, weights={"a": 2, "b": 1}, num_samples=6, stop="never"
+    )
+    assert [mix.source_of(p) for p in range(6)] == ["a", "a", "b", "a", "a", "b"]
+    for outside in (-1, 6):
+        with pytest.raises(IndexError, match=r"position %d is outside the mix's positions \[0, 6\)" % outside):
+            mix.source_of(outside)
+    unbounded = conveyor.IterableMix({"a": range(3), "b": range(10, 12)}, weights={"a": 2, "b": 1})
+    assert unbounded.source_of(10**6) == mix.source_of(10**6 % 3)
+    with pytest.raises(IndexError, match=r"position -1 is outside the mix's positions \[0, \.\.\.\)"):
+        unbounded.source_of(-1)
+
+
+def test_stop_all_does_not_wait_for_a_source_never_read():
+    # (at most 20 taken: without a bound, a mix that never ends would hang the test)
+    mix = conveyor.IterableMix({"a": range(3), "b": range(10, 12)}, weights={"a": 1, "b": 0}, stop="all")
+    assert list(itertools.islice(mix, 20)) == [0, 1, 2]
+    steps = [(0, {"a": 1, "b": 1}), (3, {"a": 1, "b": 0})]  # ("b" stops being read before it runs out)
+    never = conveyor.IterableMix({"a": range(3), "b": range(10, 15)}, weights=steps, stop="all")
+    with pytest.raises(ValueError, match=r"never ends: the sources \['b'\] stop being read"):
+        list(itertools.islice(never, 20))
 
 
 @pytest.mark.parametrize("stateful", [True, False])

@@ -62,6 +62,16 @@ def test_arbitrary_float_weights_are_realised_within_2_to_the_minus_20(weights):
         assert all(abs(counts[n] - p * mix.shares[n]) < 1 for n in names)
 
 
+def test_weights_near_the_largest_float_are_mixed_by_their_ratio():
+    # (exact ints, so no simple fraction: the shares are rounded, and the weights' sum is past the largest float)
+    sources = {"a": [1], "b": [2], "c": [3], "d": [4]}
+    mix = conveyor.Mix(sources, weights={"a": 1e308, "b": 1.7e308, "c": 0.0, "d": 1e-300}, num_samples=8)
+    assert abs(mix.shares["a"] - 1 / 2.7) <= 2**-20 * 4 and mix.shares["c"] == 0
+    assert mix.shares["d"] == 2**-20  # (a positive weight keeps one position per period)
+    with pytest.raises(ValueError, match=r"weights\['a'\] is an int too large for a float"):
+        conveyor.Mix({"a": [1], "b": [2]}, weights={"a": 10**400, "b": 1}, num_samples=8)
+
+
 def _reference(lengths, weights, seed, num_samples):
     """The mix simulated position by position: each position takes, of the
     sources whose next sample is released, the one with the earliest
@@ -208,6 +218,9 @@ def test_distributed_sampler_over_a_mix_serves_every_position_once(ranks):
         ({"weights": [(5, {"a": 1, "b": 1})]}, ValueError, "first step must start at position 0"),
         ({"weights": lambda p: {"a": 1, "b": 1}}, ValueError, "schedule_every"),
         ({"weights": lambda p: {"a": -1, "b": 1}, "schedule_every": 4}, ValueError, "weights(0)['a']"),
+        # (positions past 2**63 - 1 do not fit the int64 positions a batch is looked up by)
+        ({"weights": [(0, {"a": 1, "b": 1}), (2**63, {"a": 1, "b": 2})]}, ValueError, "[0, 2**63 - 1]"),
+        ({"weights": lambda p: {"a": 1, "b": 1}, "schedule_every": 2**63}, ValueError, "[1, 2**63 - 1]"),
         ({"num_samples": -1}, ValueError, "num_samples must be in [0, 2**63 - 1]"),
         ({"num_samples": 2**64}, ValueError, "below 2**64"),
         ({"num_samples": 1.5}, TypeError, "num_samples must be an int"),
@@ -238,6 +251,17 @@ def test_bad_sources_are_refused_at_construction():
         conveyor.Mix({"a": [1], "b": iter([1, 2])})
     with pytest.raises(ValueError, match="never ends"):
         conveyor.Mix({"a": [1, 2], "b": [3]}, weights=[(0, {"a": 1, "b": 1}), (1, {"a": 1, "b": 0})], stop="all")
+
+
+@pytest.mark.timeout(20)
+def test_stop_first_with_a_function_schedule_does_not_wait_for_a_source_never_read():
+    # ("b" is never read: its end is never reached, and the mix ends where "a" runs out)
+    mix = conveyor.Mix({"a": [1, 2, 3], "b": [4, 5]}, weights=lambda p: {"a": 1, "b": 0}, schedule_every=100)
+    assert len(mix) == 3 and mix.counts(3) == {"a": 3, "b": 0}
+    late = conveyor.Mix(
+        {"a": [1, 2, 3], "b": [4, 5]}, weights=lambda p: {"a": 1, "b": float(p >= 10**6)}, schedule_every=10
+    )
+    assert len(late) == 3
 
 
 def _ramp(position):
@@ -289,6 +313,17 @@ def test_each_block_of_a_schedule_keeps_its_prefixes_within_one_sample(steps):
         assert all(sorted(indices[i : i + n].tolist()) == list(range(n)) for i in range(0, whole, n))
 
 
+def test_steps_and_blocks_up_to_the_last_int64_position_are_read_in_batches():
+    sources = {"a": [1, 2, 3], "b": [4, 5]}
+    last = 2**63 - 1
+    for kwargs in (
+        {"weights": [(0, {"a": 1, "b": 1}), (last, {"a": 1, "b": 2})]},
+        {"weights": lambda p: {"a": 1, "b": 1}, "schedule_every": last},
+    ):
+        mix = conveyor.Mix(sources, num_samples=6, **kwargs)
+        assert mix.__getitems__([0, 1, 2, 3]) == [mix[0], mix[1], mix[2], mix[3]]
+
+
 def test_positions_outside_the_mix_and_bad_prefixes_are_refused():
     mix = conveyor.Mix({"a": [1, 2, 3], "b": [4, 5]}, weights={"a": 1, "b": 1}, num_samples=10)
     assert mix[-1] == mix[9]
@@ -296,6 +331,13 @@ def test_positions_outside_the_mix_and_bad_prefixes_are_refused():
         mix[10]
     with pytest.raises(IndexError, match="outside the mix's 10 positions"):
         mix.__getitems__([0, 11])
+    # A batch's positions are ints, as one position is: none truncated (1.5 read 1), none wrapped (2**64 - 1 read 9).
+    with pytest.raises(TypeError, match="positions must be ints, got an array of float64"):
+        mix.__getitems__([1.5, 2])
+    with pytest.raises(IndexError, match="outside the mix's 10 positions"):
+        mix.locate_many(np.array([2**64 - 1], dtype=np.uint64))
+    assert mix.locate_many(np.array([9], dtype=np.uint64))[1].tolist() == [mix.locate_many([9])[1][0]]
+    assert mix.__getitems__([]) == []
     with pytest.raises(ValueError, match=r"a position in \[0, 10\]"):
         mix.report(11)
     assert mix.report(0)["a"].served == 0 and mix.report(10)["a"].target == 5.0

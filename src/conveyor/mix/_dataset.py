@@ -194,10 +194,11 @@ class Mix(Dataset[Any]):
         if stop == "never":
             raise ValueError("Mix: stop='never' needs num_samples= (the mix's length: a map-style dataset has one)")
         stop = stop or "first"
-        ends = {name: self._order.reaches(s, n) for s, (name, n) in enumerate(zip(self.names, self.lengths))}
         if stop == "first":
-            reached = [end for end in ends.values() if end is not None]
-            return stop, min(reached)
+            first = self._order.first_reached(dict(enumerate(self.lengths)))
+            assert first is not None  # (the last block, or every block of a function, reads some source)
+            return stop, first
+        ends = {name: self._order.reaches(s, n) for s, (name, n) in enumerate(zip(self.names, self.lengths))}
         never = [name for name, end in ends.items() if end is None and self._ever_read(name)]
         if never:
             raise ValueError(
@@ -259,7 +260,12 @@ class Mix(Dataset[Any]):
     def locate_many(self, positions: "Sequence[int] | np.ndarray") -> tuple[np.ndarray, np.ndarray]:
         """(source numbers, indices in them) of ``positions``, two int64 arrays
         (``Mix.names[source]`` names a source)."""
-        p = np.asarray(positions, dtype=np.int64).reshape(-1)
+        given = np.asarray(positions).reshape(-1)
+        if given.size and given.dtype.kind not in "iu":  # (as one position is an int: 1.5 is not truncated to 1)
+            raise TypeError(f"Mix: positions must be ints, got an array of {given.dtype}")
+        if given.size and given.dtype.kind == "u" and int(given.max()) >= self._length:
+            raise IndexError(f"Mix: positions outside the mix's {self._length} positions")  # (before a wrap to int64)
+        p = given.astype(np.int64, copy=False)
         if p.size and (p.min() < -self._length or p.max() >= self._length):
             raise IndexError(f"Mix: positions outside the mix's {self._length} positions")
         p = np.where(p < 0, p + self._length, p)

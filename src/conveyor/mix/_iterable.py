@@ -8,9 +8,11 @@ The source of each position is the map-style mix's stateless map; only the
 streams themselves move. A source that runs out ends the mix
 (``stop="first"``), or starts its next epoch (its ``set_epoch(epoch)`` when
 it has one, then a new ``iter()``): with ``stop="all"`` until every source
-has run out once, with ``stop="never"`` for good (``num_samples=`` then
-bounds the mix). With worker processes each worker mixes its own copy, over
-the share of each stream that the stream gives that worker (streams shard
+of positive weight has run out once (with a list of steps, one whose weight
+becomes 0 before it runs out is an error; a function's are all waited for),
+with ``stop="never"`` for good (``num_samples=`` then bounds the mix).
+With worker processes each worker mixes its own copy, over the share of
+each stream that the stream gives that worker (streams shard
 themselves, as ``ShardStream`` and ``ShardedIterable`` do). The mix owns its
 streams' epochs: each pass over it starts them at epoch 0 (``set_epoch(0)``),
 on a ``copy.copy`` of each stream that has ``set_epoch``, so two passes at
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import operator
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
@@ -82,13 +85,31 @@ class IterableMix(IterableDataset[Any]):
             weights = dict.fromkeys(self.names, 1)
         self._blocks = blocks_of(weights, self.names, (1,) * len(self.names), schedule_every)
         self._order = MixOrder(self._blocks, len(self.names))
+        #: Per source, whether any block reads it (a function's may: all): stop="all" waits for those only.
+        count = self._blocks.count()
+        self._read = [
+            count is None or any(self._blocks.weights(b)[s] > 0 for b in range(count)) for s in range(len(self.names))
+        ]
+
+    def _never_read_after(self, position: int, sources: list[int]) -> bool:
+        """Whether a finite schedule reads none of ``sources`` from ``position`` on."""
+        count = self._blocks.count()
+        if count is None:
+            return False
+        later = range(self._blocks.block_at(position), count)
+        return not any(self._blocks.weights(b)[s] > 0 for b in later for s in sources)
 
     def __iter__(self) -> Iterator[Any]:
         return _MixIterator(self)
 
     def source_of(self, position: int) -> str:
-        """The name of the source that position ``position`` reads."""
-        return self.names[self._order.locate(position)[0]]
+        """The name of the source that position ``position`` (an int >= 0,
+        below ``num_samples`` when given) reads."""
+        p = operator.index(position)
+        if p < 0 or (self.num_samples is not None and p >= self.num_samples):
+            bound = "..." if self.num_samples is None else self.num_samples
+            raise IndexError(f"IterableMix: position {position} is outside the mix's positions [0, {bound})")
+        return self.names[self._order.locate(p)[0]]
 
     def resume_settings(self) -> dict[str, Any]:
         """What a loader's state records of the mix (see ``Mix.resume_settings``)."""
@@ -151,8 +172,19 @@ class _MixIterator(Iterator[Any]):
     def _next_epoch(self, s: int) -> bool:
         """Source ``s`` ran out: start its next epoch, or say the mix ends."""
         self.ran_out[s] = True
-        if self.mix.stop == "first" or (self.mix.stop == "all" and all(self.ran_out)):
+        mix = self.mix
+        if mix.stop == "first":
             return False
+        if mix.stop == "all":
+            waiting = [i for i, read in enumerate(mix._read) if read and not self.ran_out[i]]
+            if not waiting:
+                return False
+            if mix._never_read_after(self.position, waiting):
+                raise ValueError(
+                    f"IterableMix: with stop='all' the mix never ends: the sources {[mix.names[i] for i in waiting]} "
+                    f"stop being read (their weight becomes 0) before running out (a stream runs out when a read "
+                    f"finds it empty); give num_samples= or stop='first'"
+                )
         self.epochs[s] += 1
         self.taken[s] = 0
         self._iterators[s] = None

@@ -147,19 +147,23 @@ class MixOrder:
     def reaches(self, source: int, count: int) -> Optional[int]:
         """The shortest prefix in which ``source`` has ``count`` samples;
         None when it never has (its weight stays 0)."""
+        return self.first_reached({source: count})
+
+    def first_reached(self, counts: dict[int, int]) -> Optional[int]:
+        """The shortest prefix in which one of the sources ``counts`` names
+        has that many samples (a ``stop="first"`` mix's length); None when
+        none ever has. Blocks are walked once for all of them, so a source
+        never read does not hold up those that run out."""
         block = 0
         for _ in range(_MAX_BLOCKS_WALKED):
-            if int(self.start_counts(block)[source]) >= count:
+            start_counts = self.start_counts(block)
+            if any(int(start_counts[s]) >= count for s, count in counts.items()):
                 return self.blocks.start(block)
-            period = self.period(block)
-            units = period.shares.units[source]
             end = self.blocks.end(block)
-            if units:
-                start, counts = self._anchor(block)
-                whole, within = divmod(count - int(counts[source]) - 1, units)
-                prefix = start + whole * period.length + period.slot_of(source, within) + 1
-                if end is None or prefix <= end:
-                    return prefix
+            prefixes = [self._reached_in(block, s, count) for s, count in counts.items()]
+            within = [prefix for prefix in prefixes if prefix is not None and (end is None or prefix <= end)]
+            if within:
+                return min(within)
             if end is None:
                 return None
             block += 1
@@ -167,3 +171,14 @@ class MixOrder:
             f"Mix: the weights' schedule ran {_MAX_BLOCKS_WALKED} blocks without a source running out; give "
             f"num_samples= (the mix's length)"
         )
+
+    def _reached_in(self, block: int, source: int, count: int) -> Optional[int]:
+        """The prefix in which ``source`` has ``count`` samples were
+        ``block``'s weights kept from its run's start on (None: its weight there is 0)."""
+        period = self.period(block)
+        units = period.shares.units[source]
+        if not units:
+            return None
+        start, counts = self._anchor(block)
+        whole, within = divmod(count - int(counts[source]) - 1, units)
+        return start + whole * period.length + period.slot_of(source, within) + 1

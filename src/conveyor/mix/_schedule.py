@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import numbers
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
@@ -155,8 +156,11 @@ def blocks_of(weights: WeightsLike, names: tuple[str, ...], lengths: tuple[int, 
                 "Mix: weights given as a function of the position need schedule_every=N: the weights are read "
                 "once per block of N positions (at its first position) and held constant in it"
             )
-        if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
-            raise ValueError(f"Mix: schedule_every must be a positive int (positions per block), got {every!r}")
+        if isinstance(every, bool) or not isinstance(every, numbers.Integral) or not 1 <= int(every) <= sys.maxsize:
+            raise ValueError(
+                f"Mix: schedule_every must be an int in [1, 2**63 - 1] (positions per block; a mix has at most "
+                f"2**63 - 1 positions), got {every!r}"
+            )
         blocks = Blocks(names, [], [], function=weights, every=int(every))
         blocks.weights(0)  # (checked now: a bad function fails at construction)
         return blocks
@@ -175,8 +179,12 @@ def _steps(steps: Sequence[Any], names: tuple[str, ...]) -> Blocks:
         if not (isinstance(step, Sequence) and len(step) == 2):
             raise TypeError(f"Mix: weights[{i}] must be a (position, weights) pair, got {step!r}")
         position, mapping = step
-        if isinstance(position, bool) or not isinstance(position, numbers.Integral) or position < 0:
-            raise ValueError(f"Mix: weights[{i}]'s position must be an int >= 0, got {position!r}")
+        integral = not isinstance(position, bool) and isinstance(position, numbers.Integral)
+        if not integral or not 0 <= int(position) <= sys.maxsize:
+            raise ValueError(
+                f"Mix: weights[{i}]'s position must be an int in [0, 2**63 - 1] (a mix has at most 2**63 - 1 "
+                f"positions), got {position!r}"
+            )
         if starts and position <= starts[-1]:
             raise ValueError(
                 f"Mix: the steps' positions must increase: weights[{i}] starts at {position}, after {starts[-1]}"

@@ -68,7 +68,13 @@ def check_weights(weights: Any, names: tuple[str, ...], argument: str = "weights
         value = weights[name]
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"Mix: {argument}[{name!r}] must be a number, got {type(value).__name__} {value!r}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise ValueError(
+                f"Mix: {argument}[{name!r}] is an int too large for a float; weights must be finite numbers >= 0 "
+                f"(only their ratios count: divide them all by one number)"
+            ) from None
         if math.isnan(value) or math.isinf(value):
             raise ValueError(f"Mix: {argument}[{name!r}] is {value}; weights must be finite numbers >= 0")
         if value < 0:
@@ -100,8 +106,12 @@ def shares_of(weights: tuple[float, ...]) -> Shares:
 
 def _rounded(weights: tuple[float, ...], period: int) -> Shares:
     """Largest remainder to ``period`` units, a positive weight keeping one."""
-    total = math.fsum(weights)
-    exact = [w / total * period for w in weights]
+    try:
+        total, scaled = math.fsum(weights), weights
+    except OverflowError:  # (weights near the largest float sum past it: scaled by the largest first)
+        scaled = tuple(w / max(weights) for w in weights)
+        total = math.fsum(scaled)
+    exact = [w / total * period for w in scaled]
     units = [max(1, math.floor(x)) if w > 0 else 0 for w, x in zip(weights, exact)]
     # Too many (a small weight kept one): take from the largest; too few: give to the largest remainders.
     by_remainder = sorted(
