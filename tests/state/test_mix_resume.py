@@ -45,10 +45,7 @@ def test_resume_is_exact_at_any_batch(num_workers, stop_after):
 
 #: At every point of two epochs (a loader and its workers each): in this process and threads; processes
 #: (1 and 4) at chosen points, by test_resume_is_exact_at_any_batch.
-WORKERS = {
-    "in this process": {},
-    "2 threads": {"num_workers": 2, "worker_method": "thread"},
-}
+WORKERS = {"in this process": {}, "2 threads": {"num_workers": 2, "worker_method": "thread"}}
 
 
 @pytest.mark.timeout(300)
@@ -131,3 +128,15 @@ def test_the_torch_facade_resumes_a_mix_with_torch_s_generator():
     resumed = loader()
     resumed.load_state_dict(state)
     assert served + [b.tolist() for b in resumed] == full
+
+
+def test_a_state_saved_over_a_mix_is_refused_by_a_loader_over_another_dataset():
+    loader = _loader(_mix())
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    plain = _loader(list(range(96)))  # (as long as the mix, the same settings otherwise)
+    with pytest.raises(ValueError, match="mix_sources") as raised:
+        plain.load_state_dict(state)
+    assert "not recorded by this loader" in str(raised.value)

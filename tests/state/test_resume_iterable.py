@@ -305,3 +305,14 @@ def test_iterable_dataset_resumes_with_in_order_false_too(Stream):
         rest = list(resumed)
     expected = sorted(items(DataLoader(Stream(), batch_size=3, seed=0, num_workers=2)))
     assert sorted(items(head) + items(rest)) == expected
+
+
+def test_a_state_of_one_rank_of_two_is_refused_by_a_loader_on_one_process():
+    saved = conveyor.DataLoader(conveyor.ShardedIterable(list(range(20)), num_replicas=2, rank=1), batch_size=2)
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    del it
+    alone = conveyor.DataLoader(conveyor.ShardedIterable(list(range(20))), batch_size=2)
+    with pytest.raises(ValueError, match="ranks"):
+        alone.load_state_dict(state)

@@ -116,6 +116,9 @@ def check_settings(plan: Plan, saved: Any) -> None:
         raise ValueError(f"DataLoader.load_state_dict: the state's settings are not a dict: {saved!r}")
     # A state saved before a torch sampler's arguments were recorded lacks them: accepted (nothing to check them by).
     differing = [key for key in mine if saved.get(key, "<missing>") != mine[key] and (key in saved or "." not in key)]
+    # A setting only some loaders record (a Mix's sources, a sharded stream's ranks) that this one does not:
+    # the state was saved over another kind of dataset or layout of ranks.
+    differing += [key for key in saved if key not in mine and "." not in key]
     if differing:
         arguments = [key for key in differing if "." in key]
         others = "with other settings" if len(arguments) < len(differing) else ""
@@ -124,7 +127,7 @@ def check_settings(plan: Plan, saved: Any) -> None:
             "DataLoader",
             f"the state was saved by a loader {' and '.join(part for part in (others, whose) if part)}.",
             {key: saved.get(key, "<missing>") for key in differing},
-            {key: mine[key] for key in differing},
+            {key: mine.get(key, "<not recorded by this loader>") for key in differing},
             LOADER_FIX,
         )
 
