@@ -18,6 +18,7 @@ refused, naming what differs.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -113,7 +114,7 @@ class Pack(Dataset[dict[str, Any]]):
         method: str = "concat",
         *,
         seed: int = 0,
-        lengths: Any = None,
+        lengths: Union[Sequence[int], np.ndarray, None] = None,
         shuffle: bool = True,
         drop_last: bool = True,
         window: int = 1000,
