@@ -134,6 +134,35 @@ def test_ffd_never_splits_a_document_that_fits(lengths, seq_len, window, shuffle
     assert pack.fill_rate == pytest.approx(sum(lengths) / (len(pack) * seq_len) if len(pack) else 1.0)
 
 
+def first_fit_decreasing(lengths: list[int], seq_len: int, window: int) -> list[list[tuple[int, int, int]]]:
+    """The reference: each window's items (pieces of seq_len of a long document, and the rest), the longest
+    first (ties in document order), each into the first bin with room, as a list."""
+    bins: list[list[tuple[int, int, int]]] = []
+    for first in range(0, len(lengths), window):
+        items = []
+        for doc in range(first, min(first + window, len(lengths))):
+            items += [(doc, a, min(a + seq_len, lengths[doc])) for a in range(0, lengths[doc], seq_len)]
+        items.sort(key=lambda item: -(item[2] - item[1]))
+        these: list[list[tuple[int, int, int]]] = []
+        for item in items:
+            room = [b for b in these if sum(stop - start for _, start, stop in b) + item[2] - item[1] <= seq_len]
+            if room:
+                room[0].append(item)
+            else:
+                these.append([item])
+        bins += these
+    return bins
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_strategy, seq_len=st.integers(1, 12), window=st.integers(1, 6))
+def test_ffd_packs_as_first_fit_decreasing_does(lengths, seq_len, window):
+    docs = corpus(lengths)
+    pack = Pack(docs, seq_len, "ffd", window=window, shuffle=False)
+    expected = first_fit_decreasing(lengths, seq_len, window)
+    assert sorted(all_segments(pack, docs)) == sorted(expected)
+
+
 def test_ffd_packs_by_hand():
     pack = Pack([[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], seq_len=4, method="ffd", shuffle=False)
     assert [pack[k]["tokens"].tolist() for k in range(len(pack))] == [[6, 7, 8, 9], [1, 2, 3, 10], [4, 5, 0, 0]]
