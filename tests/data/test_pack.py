@@ -103,6 +103,34 @@ def test_concat_cuts_the_documents_laid_end_to_end(lengths, seq_len, drop_last, 
         assert [doc for doc, _, _ in runs] == [d for d, n in enumerate(lengths) if n][: len(runs)]
 
 
+def starting_at_documents(lengths: list[int], seq_len: int, drop_last: bool) -> list[list[tuple[int, int, int]]]:
+    """The reference for continue_documents=False: fill each sequence with the next documents; the one cut at
+    its end loses its rest, and the next sequence starts with the document after it."""
+    sequences, doc = [], 0
+    while True:
+        sequence, room = [], seq_len
+        while doc < len(lengths) and room > 0:
+            take = min(room, lengths[doc])
+            if take:
+                sequence.append((doc, 0, take))
+            room, doc = room - take, doc + 1
+        if not sequence or (room > 0 and drop_last):
+            return sequences
+        sequences.append(sequence)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_strategy, seq_len=st.integers(1, 12), drop_last=st.booleans())
+def test_concat_can_start_every_sequence_at_a_document(lengths, seq_len, drop_last):
+    docs = corpus(lengths)
+    pack = Pack(docs, seq_len, "concat", shuffle=False, drop_last=drop_last, continue_documents=False)
+    expected = starting_at_documents(lengths, seq_len, drop_last)
+    assert all_segments(pack, docs) == expected
+    assert pack.tokens_dropped == sum(lengths) - sum(b - a for s in expected for _, a, b in s)
+    shuffled = Pack(docs, seq_len, "concat", seed=2, drop_last=drop_last, continue_documents=False)
+    assert all(segments[0][1] == 0 for segments in all_segments(shuffled, docs))
+
+
 def test_concat_example_by_hand():
     pack = Pack([[1, 2, 3], [4, 5], [6, 7, 8, 9]], seq_len=4, shuffle=False)
     assert len(pack) == 2 and pack.tokens_dropped == 1
@@ -316,6 +344,7 @@ def test_through_conveyor_torch_a_batch_is_a_dict_of_tensors():
         (dict(method="ffd", too_long="error", seq_len=4), ValueError, "document 2 has 5 tokens, more than seq_len=4"),
         (dict(shuffle=1), TypeError, "shuffle must be True or False"),
         (dict(max_segments=0), ValueError, "max_segments must be at least 1"),
+        (dict(method="ffd", continue_documents=False), ValueError, "continue_documents=False is for method='concat'"),
     ],
 )
 def test_bad_arguments_are_clear_errors(kwargs, error, words):

@@ -67,7 +67,9 @@ class Pack(Dataset[dict[str, Any]]):
       (its positions go on, its segment id there starts at 1). The last
       ``total % seq_len`` tokens are left out (``drop_last=True``, the
       default; ``tokens_dropped`` counts them) or make a last, padded
-      sequence.
+      sequence. With ``continue_documents=False`` every sequence starts at
+      a document's first token instead: the rest of a document cut at a
+      sequence's end is dropped (``tokens_dropped`` counts it too).
     - ``"ffd"``: first-fit-decreasing over each window of ``window``
       documents: no document is split and padding is only at a sequence's
       end. A document longer than ``seq_len`` is cut into pieces of
@@ -89,6 +91,8 @@ class Pack(Dataset[dict[str, Any]]):
         shuffle: the documents in a keyed order from ``(seed, epoch)``
             (default), or in their own order.
         drop_last: (concat) leave out the last, partial sequence.
+        continue_documents: (concat) a document cut at a sequence's end
+            goes on in the next sequence (default), or its rest is dropped.
         window: (ffd) documents packed together (default 1000): a larger
             window fills sequences better; its bins cost more to compute.
         too_long: (ffd) ``"split"`` or ``"error"``.
@@ -117,6 +121,7 @@ class Pack(Dataset[dict[str, Any]]):
         lengths: Union[Sequence[int], np.ndarray, None] = None,
         shuffle: bool = True,
         drop_last: bool = True,
+        continue_documents: bool = True,
         window: int = 1000,
         too_long: str = "split",
         max_segments: Optional[int] = None,
@@ -130,9 +135,15 @@ class Pack(Dataset[dict[str, Any]]):
             raise ValueError(f"Pack: method must be one of {METHODS}, got {method!r}")
         if too_long not in TOO_LONG:
             raise ValueError(f"Pack: too_long must be one of {TOO_LONG}, got {too_long!r}")
-        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("continue_documents", continue_documents)):
             if not isinstance(flag, bool):
                 raise TypeError(f"Pack: {name} must be True or False, got {flag!r}")
+        if method == "ffd" and not continue_documents:
+            raise ValueError(
+                "Pack: continue_documents=False is for method='concat'; method='ffd' never cuts a document that "
+                "fits, and too_long= says what becomes of a longer one"
+            )
+        self.continue_documents = continue_documents
         self.docs, self.method, self.shuffle, self.drop_last, self.too_long = docs, method, shuffle, drop_last, too_long
         self.seed = check_int("seed", seed, low=-(1 << 63))
         self.window = check_int("window", window, low=1, hint=" (the documents packed together by method='ffd')")
@@ -182,7 +193,7 @@ class Pack(Dataset[dict[str, Any]]):
         if plan is None:
             order = self._order()
             if self.method == "concat":
-                plan = ConcatPlan(self.doc_lengths, order, self.seq_len, self.drop_last)
+                plan = ConcatPlan(self.doc_lengths, order, self.seq_len, self.drop_last, self.continue_documents)
             else:
                 plan = FfdPlan(self.doc_lengths, order, self.seq_len, self.window, self._bin_order)
             self._plan = plan
@@ -224,7 +235,8 @@ class Pack(Dataset[dict[str, Any]]):
 
     @property
     def tokens_dropped(self) -> int:
-        """The documents' tokens in no sequence this epoch (concat's remainder with ``drop_last``)."""
+        """The documents' tokens in no sequence this epoch (concat's remainder with ``drop_last``, and
+        the rests of cut documents with ``continue_documents=False``)."""
         return self.plan.tokens_dropped
 
     @property
@@ -245,6 +257,7 @@ class Pack(Dataset[dict[str, Any]]):
             "pack_shuffle": self.shuffle,
             "pack_epoch": self.epoch,
             "pack_drop_last": self.drop_last,
+            "pack_continue_documents": self.continue_documents,
             "pack_window": self.window,
             "pack_documents": len(self.doc_lengths),
             "pack_lengths_crc32": zlib.crc32(np.ascontiguousarray(self.doc_lengths, dtype="<i8").tobytes()),
