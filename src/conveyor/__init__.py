@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     )
     from .loader import DataLoader
     from .mix import IterableMix, Mix
+    from .packing import Pack
     from .ray_options import RayWorkers
     from .rng import SampleRandom, derive_seed, sample_rng
     from .sampler import (
@@ -80,6 +81,7 @@ _EXPORTS = {
     "DataLoader": ".loader",
     "IterableMix": ".mix",
     "Mix": ".mix",
+    "Pack": ".packing",
     "RayWorkers": ".ray_options",
     "SampleRandom": ".rng",
     "derive_seed": ".rng",
@@ -134,6 +136,7 @@ __all__ = [
     "IterableDataset",
     "IterableMix",
     "Mix",
+    "Pack",
     "PadCollate",
     "RandomSampler",
     "RayWorkers",

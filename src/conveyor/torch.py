@@ -32,6 +32,7 @@ from . import collate as _collate
 from . import dataset as _dataset
 from . import loader as _loader
 from . import mix as _mix
+from . import packing as _packing
 from . import sampler as _sampler
 from ._engine.errors import TransportError, WorkerDiedError  # noqa: F401  (re-exported)
 from ._engine.executor.watchdog import StallWarning  # noqa: F401  (re-exported)
@@ -91,6 +92,8 @@ if TYPE_CHECKING:
 
     class IterableMix(_mix.IterableMix, _tud.IterableDataset[Any]): ...  # type: ignore[misc]
 
+    class Pack(_packing.Pack, _tud.Dataset[dict[str, Any]]): ...  # type: ignore[misc]
+
     class Sampler(_sampler.Sampler[_T_co], _tud.Sampler[_T_co]): ...
 
     class SequentialSampler(_sampler.SequentialSampler, _tud.SequentialSampler): ...
@@ -122,6 +125,7 @@ else:
     ShardedIterable = _torch_flavoured(_dataset.ShardedIterable, _tud.IterableDataset)
     Mix = _torch_flavoured(_mix.Mix, _tud.Dataset)
     IterableMix = _torch_flavoured(_mix.IterableMix, _tud.IterableDataset)
+    Pack = _torch_flavoured(_packing.Pack, _tud.Dataset)
 
     # Samplers: torch's draws; instances of torch's class of the same name, so
     # frameworks that look for torch's samplers (Lightning, Accelerate) find them.

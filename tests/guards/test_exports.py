@@ -77,6 +77,7 @@ CORE_NAMES = {
     "IterableDataset",
     "IterableMix",
     "Mix",
+    "Pack",
     "PadCollate",
     "RandomSampler",
     "Sampler",

@@ -40,6 +40,7 @@ ALLOWED = {
     "ShardedSampler.__init__:sampler": "any sampler, read by duck typing (state_dict when it has one), as torch's "
     "samplers are",
     "SkippedSample.__init__:index": USERS,
+    "Pack.__init__:docs": "any map-style dataset of the user's documents (len and []), read by duck typing",
     "RayWorkers.__init__:scheduling_strategy": "one of Ray's scheduling strategy objects or names, passed to Ray as "
     "it is",
 }
