@@ -91,6 +91,7 @@ CORE_NAMES = {
     "SubsetRandomSampler",
     "TensorDataset",
     "TokenBudgetBatchSampler",
+    "TokenFiles",
     "TransportError",
     "WeightedRandomSampler",
     "WorkerDiedError",
