@@ -101,7 +101,7 @@ def test_pickles_without_its_maps(corpus):
     assert [again[d].tolist() for d in range(len(docs))] == [doc.tolist() for doc in docs]
 
 
-def test_torch_flavour_gives_int64_tensors(corpus):
+def test_torch_flavour_gives_int64_tensors(corpus, tmp_path):
     torch = pytest.importorskip("torch")
     import conveyor.torch as ct
 
@@ -113,6 +113,8 @@ def test_torch_flavour_gives_int64_tensors(corpus):
     assert flavoured.dtype == np.uint16
     batches = list(ct.DataLoader(flavoured, batch_size=None))
     assert [b.tolist() for b in batches] == [doc.tolist() for doc in docs]
+    written = ct.TokenFiles.write(tmp_path / "from-tensors", [torch.tensor([3, 4]), torch.arange(5, dtype=torch.int32)])
+    assert isinstance(written, ct.TokenFiles) and written[1].tolist() == [0, 1, 2, 3, 4]
 
 
 # -- through the loader --------------------------------------------------------
@@ -292,6 +294,9 @@ def test_an_index_that_is_not_json_or_is_missing(corpus, tmp_path):
         conveyor.TokenFiles(dataset.folder)
     with pytest.raises(FileNotFoundError, match="the folder does not exist"):
         conveyor.TokenFiles(tmp_path / "nowhere")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(FileNotFoundError, match="the folder is a file, not a folder"):
+        conveyor.TokenFiles(tmp_path / "a-file")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no token files in .*TokenFiles.write"):
         conveyor.TokenFiles(tmp_path / "empty")
@@ -356,6 +361,15 @@ def test_a_folder_with_token_files_is_refused_unless_overwrite(corpus):
     replaced = conveyor.TokenFiles.write(dataset.folder, [[1], [2, 3]], overwrite=True)
     assert [replaced[d].tolist() for d in range(2)] == [[1], [2, 3]]
     assert sorted(os.listdir(dataset.folder)) == ["index.json", "offsets.bin", "tokens.bin"]
+
+
+def test_an_overwrite_leaves_readers_of_the_old_corpus_reading_it(corpus):
+    folder, docs = corpus
+    reader = conveyor.TokenFiles(folder)
+    assert reader[0].tolist() == docs[0].tolist()  # (tokens.bin mapped)
+    conveyor.TokenFiles.write(folder, [[1]] * 200, overwrite=True)
+    assert [reader[d].tolist() for d in range(len(docs))] == [doc.tolist() for doc in docs]
+    assert conveyor.TokenFiles(folder)[199].tolist() == [1]
 
 
 def test_a_write_that_fails_midway_leaves_no_corpus_and_no_temporary_file(tmp_path):

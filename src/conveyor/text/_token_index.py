@@ -98,8 +98,9 @@ def read_index(folder: str) -> TokenIndex:
     if not os.path.exists(path):
         present = [name for name in FILE_NAMES if os.path.exists(os.path.join(folder, name))]
         if not os.path.isdir(folder):
+            what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
             raise FileNotFoundError(
-                f"no token files at {folder!r}: the folder does not exist (write them with "
+                f"no token files at {folder!r}: the folder {what} (write them with "
                 f"conveyor.TokenFiles.write(folder, documents))"
             )
         if present:
