@@ -117,6 +117,7 @@ def write_token_files(
             f"{type(documents).__name__}"
         ) from None
     path = os.path.abspath(os.fspath(folder))
+    created = not os.path.exists(path)
     os.makedirs(path, exist_ok=True)
     present = [file for file in FILE_NAMES if os.path.exists(os.path.join(path, file))]
     if present and not overwrite:
@@ -133,6 +134,8 @@ def write_token_files(
         for temp in temporary.values():
             if os.path.exists(temp):
                 os.remove(temp)
+        if created and not os.listdir(path):
+            os.rmdir(path)  # (a folder this write made, left as it was: absent)
         raise
     return index
 
