@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     )
     from .skips import BadSampleBudgetExceeded, SkipBudget, SkippedSample
     from .state import Stateful
+    from .text import TokenFiles
 
 __version__ = "0.1.0"
 
@@ -100,6 +101,7 @@ _EXPORTS = {
     "SkipBudget": ".skips",
     "SkippedSample": ".skips",
     "Stateful": ".state",
+    "TokenFiles": ".text",
 }
 
 _former_names.install()
@@ -155,6 +157,7 @@ __all__ = [
     "SubsetRandomSampler",
     "TensorDataset",
     "TokenBudgetBatchSampler",
+    "TokenFiles",
     "TransportError",
     "WeightedRandomSampler",
     "WorkerDiedError",

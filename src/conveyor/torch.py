@@ -10,6 +10,8 @@ Same names, same arguments, same results as torch.utils.data:
   ``torch.manual_seed(s)`` gives the same order as torch.utils.data;
 * datasets and samplers are also instances of torch's base classes, so code
   that checks ``isinstance(x, torch.utils.data.Dataset)`` keeps working.
+* ``TokenFiles`` hands out each document as a ``torch.int64`` tensor (what
+  embeddings and losses take), where the core gives the file's uint16/uint32.
 
 Example::
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import types
 from typing import TYPE_CHECKING, Any, Generic, Optional, Sequence, TypeVar, Union, overload
 
+import numpy as _np
 import torch as _torch
 import torch.utils.data as _tud
 from torch.utils.data.dataloader import _DatasetKind
@@ -34,6 +37,7 @@ from . import loader as _loader
 from . import mix as _mix
 from . import packing as _packing
 from . import sampler as _sampler
+from . import text as _text
 from ._engine.errors import TransportError, WorkerDiedError  # noqa: F401  (re-exported)
 from ._engine.executor.watchdog import StallWarning  # noqa: F401  (re-exported)
 from ._engine.info import WorkerInfo, get_worker_info  # noqa: F401  (re-exported)
@@ -139,6 +143,16 @@ else:
     ShardedSampler = _torch_flavoured(_sampler.ShardedSampler, _tud.Sampler)
     TokenBudgetBatchSampler = _torch_flavoured(_sampler.TokenBudgetBatchSampler, _tud.Sampler)
     ShardBlockSampler = _torch_flavoured(_sampler.ShardBlockSampler, _tud.Sampler)
+
+
+class TokenFiles(_text.TokenFiles, _tud.Dataset[_torch.Tensor]):  # type: ignore[misc]  # (conveyor's __getitem__ and __add__ first)
+    """conveyor's TokenFiles whose documents are ``torch.int64`` tensors (what
+    embeddings and losses take; ``.dtype`` still says the file's ``uint16`` or
+    ``uint32``), an instance of ``torch.utils.data.Dataset`` too."""
+
+    def _deliver(self, tokens: Any) -> _torch.Tensor:
+        return _torch.from_numpy(tokens.astype(_np.int64))
+
 
 # Collation: torch tensors out.
 default_collate = _collate.torch_default_collate

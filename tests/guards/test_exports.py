@@ -92,6 +92,7 @@ CORE_NAMES = {
     "SubsetRandomSampler",
     "TensorDataset",
     "TokenBudgetBatchSampler",
+    "TokenFiles",
     "TransportError",
     "WeightedRandomSampler",
     "WorkerDiedError",
