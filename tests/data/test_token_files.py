@@ -391,3 +391,12 @@ def test_a_failed_overwrite_leaves_no_corpus_that_opens(corpus):
         conveyor.TokenFiles.write(dataset.folder, [[1], [-1]], overwrite=True)
     assert not any(name.endswith(".tmp") for name in os.listdir(dataset.folder))
     conveyor.TokenFiles(dataset.folder)  # (the old corpus: the write failed before its renames)
+
+
+@pytest.mark.parametrize("method", ["concat", "ffd"])
+def test_pack_reads_the_lengths_from_the_index_and_packs_every_token(corpus, method):
+    files = conveyor.TokenFiles(corpus[0])
+    pack = conveyor.Pack(files, seq_len=16, method=method, seed=1, drop_last=False)
+    assert pack.lengths_source == "docs.lengths"
+    tokens = np.concatenate([pack[k]["tokens"][pack[k]["segment_ids"] > 0] for k in range(len(pack))])
+    assert sorted(tokens.tolist()) == sorted(np.concatenate([files[d] for d in range(len(files))]).tolist())
