@@ -211,6 +211,11 @@ class DistributedSampler(_Resumable, Sampler[int]):
         self._current = (epoch, span)
         return (epoch, span), span.record()
 
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if self._resume is None:  # (a resume point of another size dropped: its span goes with it)
+            self._pending = None
+
     def _span_now(self) -> "_Span":
         """The span of the iteration loaded or running (that of a whole epoch when none)."""
         if self._pending is not None:
