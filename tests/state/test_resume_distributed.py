@@ -173,3 +173,13 @@ def test_set_epoch_that_drops_a_resume_of_another_size_gives_the_whole_epochs_le
     with pytest.warns(UserWarning, match="drops the resume point"):
         on_three.set_epoch(state["epoch"] + 1)
     assert len(on_three) == len(list(on_three)) == 14  # the whole epoch on 3 ranks, not the resumed span's 15
+
+
+@pytest.mark.parametrize("make", list(SAMPLERS_OF_ANOTHER_SIZE.values()), ids=list(SAMPLERS_OF_ANOTHER_SIZE))
+def test_a_refused_state_of_another_size_changes_nothing(make):
+    state = _state_of_two_ranks_mid_epoch(make)
+    on_three = make(3)
+    with pytest.raises(ValueError, match="seed"):
+        on_three.load_state_dict({**state, "seed": 2})
+    assert not on_three.loaded_from_another_size
+    assert len(on_three) == len(list(on_three)) == 14  # its own whole epoch, as before the refused load

@@ -197,10 +197,15 @@ class DistributedSampler(_Resumable, Sampler[int]):
         if saved_even != self.even:
             what = "the state was saved with another even= setting."
             raise _state_error(type(self).__name__, what, {"even": saved_even}, {"even": self.even})
+        before = self._pending, self.loaded_from_another_size
         self._pending, self.loaded_from_another_size, state = resumed_span(
             type(self).__name__, state, self.num_replicas, len(self.dataset)
         )
-        super().load_state_dict(state)  # (every other setting must match)
+        try:
+            super().load_state_dict(state)  # (every other setting must match; it reads the span's length)
+        except BaseException:
+            self._pending, self.loaded_from_another_size = before  # (refused: nothing changed)
+            raise
 
     def _open(self, epoch: int, record: Any) -> tuple[Any, Any]:
         """The epoch and its span: how much of its order jobs of other sizes

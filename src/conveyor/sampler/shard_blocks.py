@@ -170,10 +170,15 @@ class ShardBlockSampler(_Resumable, Sampler[int]):
         gets its share of the rest (padded or cut for this job's size), after
         as many places as the saved position (so the loader's count of
         batches goes on from there). The epochs after it are whole."""
+        before = self._pending, self.loaded_from_another_size
         self._pending, self.loaded_from_another_size, state = resumed_span(
             type(self).__name__, state, self.num_replicas, self.blocks.num_samples
         )
-        super().load_state_dict(state)
+        try:
+            super().load_state_dict(state)  # (every other setting must match; it reads the span's length)
+        except BaseException:
+            self._pending, self.loaded_from_another_size = before  # (refused: nothing changed)
+            raise
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
