@@ -183,3 +183,11 @@ def test_a_refused_state_of_another_size_changes_nothing(make):
         on_three.load_state_dict({**state, "seed": 2})
     assert not on_three.loaded_from_another_size
     assert len(on_three) == len(list(on_three)) == 14  # its own whole epoch, as before the refused load
+
+
+@pytest.mark.parametrize("make", list(SAMPLERS_OF_ANOTHER_SIZE.values()), ids=list(SAMPLERS_OF_ANOTHER_SIZE))
+def test_a_state_of_another_size_with_a_position_past_its_epoch_is_refused(make):
+    state = _state_of_two_ranks_mid_epoch(make)
+    make(3).load_state_dict({**state, "position": 20})  # the end of the epoch on 2 ranks: it loads
+    with pytest.raises(ValueError, match="past the end"):
+        make(3).load_state_dict({**state, "position": 21})  # 2 ranks had 20 places each

@@ -54,7 +54,9 @@ def resumed_span(kind: str, state: Any, num_replicas: int, total: int) -> tuple[
 
     The ranks of a synchronous job stand at the same position and their
     positions interleave, so together they consumed a prefix of the epoch's
-    one order: ``consumed`` places, after ``offset`` = the saved position."""
+    one order: ``consumed`` places, after ``offset`` = the saved position
+    (refused past that job's epoch: each of its ranks had at most
+    ``ceil(rest / its size)`` places)."""
     saved_replicas = state.get("num_replicas") if isinstance(state, Mapping) else None
     if _is_int(saved_replicas) and saved_replicas != num_replicas and state.get("in_iteration") is True:
         position, epoch = state.get("position"), state.get("epoch")
@@ -62,6 +64,11 @@ def resumed_span(kind: str, state: Any, num_replicas: int, total: int) -> tuple[
             what = "the state's position is malformed."
             raise _state_error(kind, what, {"position": position, "epoch": epoch}, {})
         before = _Span.of(state.get("rng"))  # (that job's own start, if it had resumed one of another size)
+        # That job's ranks had at most ceil(rest / its size) places each after its own start.
+        limit = before.offset + -(-max(total - before.consumed, 0) // int(saved_replicas))
+        if position > limit:
+            what = "the saved position is past the end of an iteration of the job that saved it."
+            raise _state_error(kind, what, {"position": position, "num_replicas": saved_replicas}, {"len": limit})
         consumed = min(before.consumed + (int(position) - before.offset) * int(saved_replicas), total)
         span = _Span(consumed, int(position))
         return (int(epoch), span), True, {**state, "num_replicas": num_replicas, "rng": span.record()}
