@@ -66,7 +66,7 @@ def resumed_span(kind: str, state: Any, num_replicas: int, total: int) -> tuple[
         before = _Span.of(state.get("rng"))  # (that job's own start, if it had resumed one of another size)
         # That job's ranks had at most ceil(rest / its size) places each after its own start.
         limit = before.offset + -(-max(total - before.consumed, 0) // int(saved_replicas))
-        if position > limit:
+        if int(position) > limit:
             what = "the saved position is past the end of an iteration of the job that saved it."
             raise _state_error(kind, what, {"position": position, "num_replicas": saved_replicas}, {"len": limit})
         consumed = min(before.consumed + (int(position) - before.offset) * int(saved_replicas), total)
