@@ -285,6 +285,22 @@ def test_a_windowed_streams_state_is_refused_by_a_stream_with_other_windows(fold
             iter(other).load_state_dict(state)
 
 
+def test_a_windowed_streams_state_of_another_epoch_is_refused_even_with_the_same_shards(folder):
+    def reader(epoch):
+        stream = ShardDataset(folder, transform=number).stream(seed=5, shards_per_window=K)  # (shards unshuffled)
+        stream.set_epoch(epoch)
+        return iter(stream)
+
+    saving = reader(0)
+    head = [next(saving) for _ in range(4)]
+    state = saving.state_dict()
+    with pytest.raises(ValueError, match="epoch"):  # (another epoch: the same windows, their samples in another order)
+        reader(1).load_state_dict(state)
+    resumed = reader(0)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == list(reader(0))
+
+
 # ------------------------------------------------------------------ bad input
 
 
