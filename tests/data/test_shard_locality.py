@@ -17,6 +17,7 @@ import io
 import json
 import os
 import tarfile
+import types
 from collections import defaultdict
 
 import numpy as np
@@ -334,6 +335,13 @@ def test_other_bad_arguments_are_clear_errors(folder):
         ShardBlockSampler(dataset, 2, num_replicas=2, rank=2)
     with pytest.raises(TypeError, match="whole_shards must be True or False"):
         ShardDataset(folder, whole_shards="yes")
+
+
+@pytest.mark.parametrize("firsts", [[5, 8, 10], [0, 4, 2], [0]])
+def test_firsts_that_are_not_shard_boundaries_from_zero_are_refused(firsts):
+    # (starting at 5, the sampler's indices 0.. would name samples before the shards')
+    with pytest.raises(ValueError, match="not shard boundaries"):
+        ShardBlockSampler(types.SimpleNamespace(firsts=firsts), shards_per_window=2)
 
 
 # ------------------------------------------------------------------ from a store

@@ -125,9 +125,13 @@ class ShardBlockSampler(_Resumable, Sampler[int]):
                 f"ShardBlockSampler needs a ShardDataset (or a dataset with firsts: where each shard's samples "
                 f"begin, and the total at the end), got {type(dataset).__name__}"
             )
-        sizes = np.diff(np.asarray(firsts, dtype=np.int64))
-        if sizes.size == 0 or int(sizes.min()) < 0:
-            raise ValueError(f"ShardBlockSampler: the dataset's firsts {list(firsts)[:8]} are not shard boundaries")
+        starts = np.asarray(firsts, dtype=np.int64).reshape(-1)
+        sizes = np.diff(starts)
+        if sizes.size == 0 or int(sizes.min()) < 0 or int(starts[0]) != 0:
+            raise ValueError(
+                f"ShardBlockSampler: the dataset's firsts {list(firsts)[:8]} are not shard boundaries (from 0, "
+                f"not decreasing, the total at the end)"
+            )
         self.dataset = dataset
         self.shards_per_window = check_shards_per_window(shards_per_window, "ShardBlockSampler")
         self.seed = _check_int("seed", seed)
