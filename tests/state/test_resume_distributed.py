@@ -191,3 +191,11 @@ def test_a_state_of_another_size_with_a_position_past_its_epoch_is_refused(make)
     make(3).load_state_dict({**state, "position": 20})  # the end of the epoch on 2 ranks: it loads
     with pytest.raises(ValueError, match="past the end"):
         make(3).load_state_dict({**state, "position": 21})  # 2 ranks had 20 places each
+
+
+@pytest.mark.parametrize("saved_replicas", [0, -1])
+@pytest.mark.parametrize("make", list(SAMPLERS_OF_ANOTHER_SIZE.values()), ids=list(SAMPLERS_OF_ANOTHER_SIZE))
+def test_a_state_of_another_size_with_a_malformed_number_of_ranks_is_refused(make, saved_replicas):
+    state = _state_of_two_ranks_mid_epoch(make)
+    with pytest.raises(ValueError, match="malformed"):
+        make(3).load_state_dict({**state, "num_replicas": saved_replicas})

@@ -60,9 +60,10 @@ def resumed_span(kind: str, state: Any, num_replicas: int, total: int) -> tuple[
     saved_replicas = state.get("num_replicas") if isinstance(state, Mapping) else None
     if _is_int(saved_replicas) and saved_replicas != num_replicas and state.get("in_iteration") is True:
         position, epoch = state.get("position"), state.get("epoch")
-        if not _is_int(position) or position < 0 or not _is_int(epoch):
-            what = "the state's position is malformed."
-            raise _state_error(kind, what, {"position": position, "epoch": epoch}, {})
+        if not _is_int(position) or position < 0 or not _is_int(epoch) or saved_replicas < 1:
+            what = "the state's position or number of ranks is malformed."
+            saved = {"position": position, "epoch": epoch, "num_replicas": saved_replicas}
+            raise _state_error(kind, what, saved, {})
         before = _Span.of(state.get("rng"))  # (that job's own start, if it had resumed one of another size)
         # That job's ranks had at most ceil(rest / its size) places each after its own start.
         limit = before.offset + -(-max(total - before.consumed, 0) // int(saved_replicas))
