@@ -335,6 +335,9 @@ def test_other_bad_arguments_are_clear_errors(folder):
         ShardBlockSampler(dataset, 2, num_replicas=2, rank=2)
     with pytest.raises(TypeError, match="whole_shards must be True or False"):
         ShardDataset(folder, whole_shards="yes")
+    for seed in (1.5, True, "1"):  # (a windowed stream's order is keyed by an int: 1.5 read as 1 was seed 1's order)
+        with pytest.raises(TypeError, match="seed should be an integer"):
+            dataset.stream(seed=seed, shards_per_window=2)
 
 
 @pytest.mark.parametrize("firsts", [[5, 8, 10], [0, 4, 2], [0]])
