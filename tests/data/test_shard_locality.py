@@ -302,6 +302,18 @@ def test_a_windowed_streams_state_of_another_epoch_is_refused_even_with_the_same
     assert head + list(resumed) == list(reader(0))
 
 
+@pytest.mark.parametrize(
+    "where", [{"sample": -3}, {"sample": 10**6}, {"position": -1}, {"position": 10**6}, {"sample": 1.5}]
+)
+def test_a_windowed_streams_state_outside_its_windows_is_refused(folder, where):
+    stream = ShardDataset(folder, transform=number).stream(shuffle_shards=True, seed=5, shards_per_window=K)
+    reader = iter(stream)
+    next(reader)
+    # (a sample before the window's would read another window's: another worker's shards)
+    with pytest.raises(ValueError, match="outside"):
+        iter(stream).load_state_dict({**reader.state_dict(), **where})
+
+
 # ------------------------------------------------------------------ bad input
 
 

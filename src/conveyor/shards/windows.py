@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence, Sized
 
+from ..sampler.arguments import is_int
 from ..sampler.block_order import BlockEpoch
 from ..sampler.fingerprint import values_crc32
 
@@ -152,9 +153,19 @@ class WindowReader:
                 f"worker's: {mine}): another shuffle seed, epoch, number of workers or ranks; resume with the "
                 f"settings that saved it"
             )
+        position: Any = state.get("position")
+        sample: Any = state.get("sample")
+        count = len(self._windows)
+        if not (is_int(position) and is_int(sample) and 0 <= position <= count and 0 <= sample) or sample > (
+            len(self._order.window_span(self._windows[position])) if position < count else 0
+        ):  # (a sample outside its window's span would read another window's shards: another worker's)
+            raise ValueError(
+                f"ShardStream.load_state_dict: the state's window {position!r} and sample {sample!r} are outside "
+                f"this worker's {count} windows; pass a state its state_dict() returned"
+            )
         if self._entered is not None:
             self._leave(self._entered)
-        self._position, self._sample = int(state["position"]), int(state["sample"])
+        self._position, self._sample = int(position), int(sample)
 
 
 def check_window(state: Mapping[str, Any], shards_per_window: Optional[int]) -> None:
