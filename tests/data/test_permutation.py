@@ -1,7 +1,8 @@
 """KeyedPermutation's quality: a bijection of [0, n) (every n up to a few
 thousand, exhaustively; by sampling up to 2**64 - 1), uniform positions (a
-chi-squared test), uncorrelated neighbours, independent keys; ``[i]``,
-``take`` and ``block`` agree; bad input is a clear error.
+chi-squared test), uncorrelated neighbours, independent keys; small
+permutations (tables) uniform over all orders, odd ones as often as even
+ones; ``[i]``, ``take`` and ``block`` agree; bad input is a clear error.
 
 Every check is deterministic (fixed keys and positions), so the statistical
 thresholds cannot flake: each is set at a tail probability of about 1e-4 for
@@ -15,12 +16,13 @@ import pickle
 import numpy as np
 import pytest
 
-from conveyor.sampler.permutation import MAX_LENGTH, KeyedPermutation
+from conveyor.sampler.permutation import MAX_LENGTH, TABLE_UP_TO, KeyedPermutation
 
 
 def test_every_length_up_to_a_few_thousand_is_a_bijection():
     lengths = [(n, key) for key in (0, (1 << 64) - 1) for n in range(0, 1201)]
     lengths += [(n, 7) for n in range(1201, 5000, 13)]
+    lengths += [(n, 9) for n in range(TABLE_UP_TO - 2, TABLE_UP_TO + 300)]  # (past it, the Feistel network)
     for n, key in lengths:
         indices = KeyedPermutation(n, key).block(0, n)
         assert np.array_equal(np.sort(indices), np.arange(n)), (n, key)
@@ -126,6 +128,43 @@ def test_agreement_between_keys_is_one_over_n():
     orders = np.stack([KeyedPermutation(n, key).block(0, n) for key in range(200)])
     agreements = sum(int((orders[a] == orders[a + 1]).sum()) for a in range(199))
     assert 140 <= agreements <= 260  # 199 pairs, each about 1 (mean 199, sigma about 14)
+
+
+def parity(order: np.ndarray) -> int:
+    """0 for an even permutation, 1 for an odd one (n minus its number of cycles, mod 2)."""
+    seen, cycles = np.zeros(len(order), dtype=bool), 0
+    for start in range(len(order)):
+        if not seen[start]:
+            cycles += 1
+            at = start
+            while not seen[at]:
+                seen[at], at = True, int(order[at])
+    return (len(order) - cycles) % 2
+
+
+@pytest.mark.parametrize("n", [16, 64, 256, 9])
+def test_small_permutations_are_odd_as_often_as_even(n):
+    # (a Feistel network over 4 bits or more composes even permutations only: alone, it never gives an odd one)
+    odd = sum(parity(KeyedPermutation(n, key).block(0, n)) for key in range(2000))
+    assert abs(odd - 1000) < 4 * np.sqrt(500)  # (a random permutation is odd with probability 1/2)
+
+
+#: chi-squared's value with (n - 1)**2 degrees of freedom that a random table passes with probability 1 - 1e-4.
+CHI2_TAIL_OF_TABLE = {5: 46.2, 6: 60.4}
+
+
+@pytest.mark.parametrize("n", [5, 6])
+def test_every_index_is_as_likely_at_every_position_of_a_small_permutation(n):
+    counts = np.zeros((n, n))
+    for key in range(20_000):
+        counts[np.arange(n), KeyedPermutation(n, key).block(0, n)] += 1
+    assert chi_squared(counts.ravel()) < CHI2_TAIL_OF_TABLE[n]
+
+
+def test_a_small_permutation_reaches_every_order_about_as_often():
+    orders = {tuple(KeyedPermutation(8, key).block(0, 8).tolist()) for key in range(20_000)}
+    expected = 40320 * (1 - np.exp(-20_000 / 40320))  # distinct orders among 20 000 uniform draws: about 15 800
+    assert len(orders) > expected - 400
 
 
 def test_a_permutation_is_a_value():

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import tarfile
+import types
 from collections import defaultdict
 
 import numpy as np
@@ -285,6 +286,34 @@ def test_a_windowed_streams_state_is_refused_by_a_stream_with_other_windows(fold
             iter(other).load_state_dict(state)
 
 
+def test_a_windowed_streams_state_of_another_epoch_is_refused_even_with_the_same_shards(folder):
+    def reader(epoch):
+        stream = ShardDataset(folder, transform=number).stream(seed=5, shards_per_window=K)  # (shards unshuffled)
+        stream.set_epoch(epoch)
+        return iter(stream)
+
+    saving = reader(0)
+    head = [next(saving) for _ in range(4)]
+    state = saving.state_dict()
+    with pytest.raises(ValueError, match="epoch"):  # (another epoch: the same windows, their samples in another order)
+        reader(1).load_state_dict(state)
+    resumed = reader(0)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == list(reader(0))
+
+
+@pytest.mark.parametrize(
+    "where", [{"sample": -3}, {"sample": 10**6}, {"position": -1}, {"position": 10**6}, {"sample": 1.5}]
+)
+def test_a_windowed_streams_state_outside_its_windows_is_refused(folder, where):
+    stream = ShardDataset(folder, transform=number).stream(shuffle_shards=True, seed=5, shards_per_window=K)
+    reader = iter(stream)
+    next(reader)
+    # (a sample before the window's would read another window's: another worker's shards)
+    with pytest.raises(ValueError, match="outside"):
+        iter(stream).load_state_dict({**reader.state_dict(), **where})
+
+
 # ------------------------------------------------------------------ bad input
 
 
@@ -318,6 +347,16 @@ def test_other_bad_arguments_are_clear_errors(folder):
         ShardBlockSampler(dataset, 2, num_replicas=2, rank=2)
     with pytest.raises(TypeError, match="whole_shards must be True or False"):
         ShardDataset(folder, whole_shards="yes")
+    for seed in (1.5, True, "1"):  # (a windowed stream's order is keyed by an int: 1.5 read as 1 was seed 1's order)
+        with pytest.raises(TypeError, match="seed should be an integer"):
+            dataset.stream(seed=seed, shards_per_window=2)
+
+
+@pytest.mark.parametrize("firsts", [[5, 8, 10], [0, 4, 2], [0]])
+def test_firsts_that_are_not_shard_boundaries_from_zero_are_refused(firsts):
+    # (starting at 5, the sampler's indices 0.. would name samples before the shards')
+    with pytest.raises(ValueError, match="not shard boundaries"):
+        ShardBlockSampler(types.SimpleNamespace(firsts=firsts), shards_per_window=2)
 
 
 # ------------------------------------------------------------------ from a store

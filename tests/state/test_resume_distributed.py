@@ -7,6 +7,7 @@ saved it.
 
 import json
 import time
+import types
 
 import numpy as np
 import pytest
@@ -143,3 +144,58 @@ def test_a_state_with_batches_delivered_ahead_does_not_load_on_another_number_of
         loader(3).load_state_dict(state)
     same = loader(2)
     same.load_state_dict(state)  # on the number of ranks that saved it, it loads
+
+
+def _state_of_two_ranks_mid_epoch(make):
+    sampler = make(2)
+    it = iter(sampler)
+    for _ in range(5):
+        next(it)
+    return sampler.state_dict()
+
+
+SAMPLERS_OF_ANOTHER_SIZE = {
+    "DistributedSampler": lambda replicas: conveyor.DistributedSampler(range(40), replicas, 0, seed=1),
+    "DistributedSampler computed": lambda replicas: conveyor.DistributedSampler(
+        range(40), replicas, 0, seed=1, order="computed"
+    ),
+    "ShardBlockSampler": lambda replicas: conveyor.ShardBlockSampler(
+        types.SimpleNamespace(firsts=[0, 10, 20, 30, 40]), 2, seed=1, num_replicas=replicas
+    ),
+}
+
+
+@pytest.mark.parametrize("make", list(SAMPLERS_OF_ANOTHER_SIZE.values()), ids=list(SAMPLERS_OF_ANOTHER_SIZE))
+def test_set_epoch_that_drops_a_resume_of_another_size_gives_the_whole_epochs_length(make):
+    state = _state_of_two_ranks_mid_epoch(make)
+    on_three = make(3)
+    on_three.load_state_dict(state)
+    with pytest.warns(UserWarning, match="drops the resume point"):
+        on_three.set_epoch(state["epoch"] + 1)
+    assert len(on_three) == len(list(on_three)) == 14  # the whole epoch on 3 ranks, not the resumed span's 15
+
+
+@pytest.mark.parametrize("make", list(SAMPLERS_OF_ANOTHER_SIZE.values()), ids=list(SAMPLERS_OF_ANOTHER_SIZE))
+def test_a_refused_state_of_another_size_changes_nothing(make):
+    state = _state_of_two_ranks_mid_epoch(make)
+    on_three = make(3)
+    with pytest.raises(ValueError, match="seed"):
+        on_three.load_state_dict({**state, "seed": 2})
+    assert not on_three.loaded_from_another_size
+    assert len(on_three) == len(list(on_three)) == 14  # its own whole epoch, as before the refused load
+
+
+@pytest.mark.parametrize("make", list(SAMPLERS_OF_ANOTHER_SIZE.values()), ids=list(SAMPLERS_OF_ANOTHER_SIZE))
+def test_a_state_of_another_size_with_a_position_past_its_epoch_is_refused(make):
+    state = _state_of_two_ranks_mid_epoch(make)
+    make(3).load_state_dict({**state, "position": 20})  # the end of the epoch on 2 ranks: it loads
+    with pytest.raises(ValueError, match="past the end"):
+        make(3).load_state_dict({**state, "position": 21})  # 2 ranks had 20 places each
+
+
+@pytest.mark.parametrize("saved_replicas", [0, -1])
+@pytest.mark.parametrize("make", list(SAMPLERS_OF_ANOTHER_SIZE.values()), ids=list(SAMPLERS_OF_ANOTHER_SIZE))
+def test_a_state_of_another_size_with_a_malformed_number_of_ranks_is_refused(make, saved_replicas):
+    state = _state_of_two_ranks_mid_epoch(make)
+    with pytest.raises(ValueError, match="malformed"):
+        make(3).load_state_dict({**state, "num_replicas": saved_replicas})

@@ -31,7 +31,7 @@ import numpy as np
 
 from conveyor.rng import derive_seed
 
-from .arguments import _is_int
+from .arguments import _check_int, _is_int
 from .permutation import KeyedPermutation
 
 __all__ = ["ShardBlocks", "BlockEpoch", "check_shards_per_window"]
@@ -69,7 +69,7 @@ class ShardBlocks:
             raise ValueError("ShardBlocks: a shard's number of samples cannot be negative")
         self.firsts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.shards_per_window = check_shards_per_window(shards_per_window, "ShardBlocks")
-        self.seed = int(seed)
+        self.seed = _check_int("seed", seed)  # (not int(seed): 1.5 would be seed 1's order)
         self.shuffle_shards = bool(shuffle_shards)
         self._last: Optional[BlockEpoch] = None  # (the epoch asked for last: a reader asks for it more than once)
 

@@ -54,14 +54,22 @@ def resumed_span(kind: str, state: Any, num_replicas: int, total: int) -> tuple[
 
     The ranks of a synchronous job stand at the same position and their
     positions interleave, so together they consumed a prefix of the epoch's
-    one order: ``consumed`` places, after ``offset`` = the saved position."""
+    one order: ``consumed`` places, after ``offset`` = the saved position
+    (refused past that job's epoch: each of its ranks had at most
+    ``ceil(rest / its size)`` places)."""
     saved_replicas = state.get("num_replicas") if isinstance(state, Mapping) else None
     if _is_int(saved_replicas) and saved_replicas != num_replicas and state.get("in_iteration") is True:
         position, epoch = state.get("position"), state.get("epoch")
-        if not _is_int(position) or position < 0 or not _is_int(epoch):
-            what = "the state's position is malformed."
-            raise _state_error(kind, what, {"position": position, "epoch": epoch}, {})
+        if not _is_int(position) or position < 0 or not _is_int(epoch) or saved_replicas < 1:
+            what = "the state's position or number of ranks is malformed."
+            saved = {"position": position, "epoch": epoch, "num_replicas": saved_replicas}
+            raise _state_error(kind, what, saved, {})
         before = _Span.of(state.get("rng"))  # (that job's own start, if it had resumed one of another size)
+        # That job's ranks had at most ceil(rest / its size) places each after its own start.
+        limit = before.offset + -(-max(total - before.consumed, 0) // int(saved_replicas))
+        if int(position) > limit:
+            what = "the saved position is past the end of an iteration of the job that saved it."
+            raise _state_error(kind, what, {"position": position, "num_replicas": saved_replicas}, {"len": limit})
         consumed = min(before.consumed + (int(position) - before.offset) * int(saved_replicas), total)
         span = _Span(consumed, int(position))
         return (int(epoch), span), True, {**state, "num_replicas": num_replicas, "rng": span.record()}
@@ -197,10 +205,15 @@ class DistributedSampler(_Resumable, Sampler[int]):
         if saved_even != self.even:
             what = "the state was saved with another even= setting."
             raise _state_error(type(self).__name__, what, {"even": saved_even}, {"even": self.even})
+        before = self._pending, self.loaded_from_another_size
         self._pending, self.loaded_from_another_size, state = resumed_span(
             type(self).__name__, state, self.num_replicas, len(self.dataset)
         )
-        super().load_state_dict(state)  # (every other setting must match)
+        try:
+            super().load_state_dict(state)  # (every other setting must match; it reads the span's length)
+        except BaseException:
+            self._pending, self.loaded_from_another_size = before  # (refused: nothing changed)
+            raise
 
     def _open(self, epoch: int, record: Any) -> tuple[Any, Any]:
         """The epoch and its span: how much of its order jobs of other sizes
@@ -210,6 +223,11 @@ class DistributedSampler(_Resumable, Sampler[int]):
         span = _Span.of(record)
         self._current = (epoch, span)
         return (epoch, span), span.record()
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if self._resume is None:  # (a resume point of another size dropped: its span goes with it)
+            self._pending = None
 
     def _span_now(self) -> "_Span":
         """The span of the iteration loaded or running (that of a whole epoch when none)."""

@@ -9,7 +9,8 @@ whole) or computed (a keyed permutation, per position).
 
 * ``"stored"`` is the order torch's samplers give (``randperm`` of ``n``):
   ``8 n`` bytes held for the epoch, its draw at the start of the epoch.
-* ``"computed"``: nothing of size ``n`` is held, any position is reached in
+* ``"computed"``: nothing of size ``n`` is held (but a table of at most
+  ``permutation.TABLE_UP_TO`` items, 32 KiB), any position is reached in
   O(1) (a resume at 90% of an epoch costs what one at its start does), and a
   state holds only the key's record.
 * ``"auto"`` (the default): computed above :data:`COMPUTED_ABOVE` items,

@@ -3,9 +3,10 @@ never stored.
 
 ``KeyedPermutation(n, key)[i]`` is the index at position ``i`` of a
 pseudo-random permutation of ``[0, n)`` chosen by ``key``. Nothing of size
-``n`` is held: a position's index costs a few multiplications, whatever
-``n`` is (up to ``2**64 - 1``), so an epoch over ``10**10`` samples starts
-at once, any position is reached in O(1), and a state needs only the key.
+``n`` is held past :data:`TABLE_UP_TO` positions: a position's index costs a
+few multiplications, whatever ``n`` is (up to ``2**64 - 1``), so an epoch
+over ``10**10`` samples starts at once, any position is reached in O(1), and
+a state needs only the key.
 
 How: a Feistel network over ``b`` bits, the smallest width with
 ``2**b >= n`` (at least 2), so the domain is under ``2n``. The value is cut
@@ -20,6 +21,14 @@ at ``n`` or above is mapped again ("cycle walking") until it lands below
 ``n``. The walk stays on the value's cycle, which holds ``i`` itself, so it
 ends, and restricted to ``[0, n)`` the map is again a bijection. The
 expected number of walks is under 2 (the domain is under ``2n``).
+
+Up to :data:`TABLE_UP_TO` positions, the permutation is a table instead,
+drawn once (32 KiB at most): the positions sorted by a 64-bit hash of
+(key, position), a uniform shuffle. A Feistel network over a few bits is
+not one: its rounds reach only some orders, unevenly (over 8 items, a third
+of them; over 16, 64 or 256, the even ones alone), and an index is up to
+7% likelier at some positions than at others over 5 or 6 items, the sizes
+of shard orders and of small windows (``block_order.py``).
 
 Eight rounds: four rounds of a pseudo-random function already make a
 strong pseudo-random permutation (Luby and Rackoff); the others are margin
@@ -40,18 +49,22 @@ import numpy as np
 
 from .arguments import checked_length
 
-__all__ = ["KeyedPermutation", "MAX_LENGTH", "ROUNDS"]
+__all__ = ["KeyedPermutation", "MAX_LENGTH", "ROUNDS", "TABLE_UP_TO"]
 
 #: The largest ``n`` a permutation may have (its positions fit in 64 bits).
 MAX_LENGTH = (1 << 64) - 1
 #: Feistel rounds.
 ROUNDS = 8
+#: A permutation of at most this many positions is a table, drawn once (see the module).
+TABLE_UP_TO = 1 << 12
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
 _M1, _M2 = np.uint64(_MIX1), np.uint64(_MIX2)
+#: Mixed into the key for a table's hashes (which then share nothing with the Feistel round keys).
+_TABLE_SALT = 0x5851F42D4C957F2D
 _S29, _S32 = np.uint64(29), np.uint64(32)
 #: The largest n whose indices fit an int64 (take and block return int64 up to it).
 _INT64_LIMIT = 1 << 63
@@ -82,9 +95,10 @@ def _check_length(n: Any) -> int:
 class KeyedPermutation:
     """A pseudo-random permutation of ``[0, n)`` chosen by ``key`` (an int;
     two keys give independent permutations), computed per position in O(1)
-    time and memory."""
+    time and memory (up to :data:`TABLE_UP_TO` positions, a table drawn when
+    it is built)."""
 
-    __slots__ = ("n", "key", "_low_bits", "_masks", "_keys", "_np_keys", "_np_masks")
+    __slots__ = ("n", "key", "_low_bits", "_masks", "_keys", "_np_keys", "_np_masks", "_table")
 
     def __init__(self, n: int, key: int) -> None:
         self.n = _check_length(n)
@@ -103,6 +117,25 @@ class KeyedPermutation:
         self._keys = tuple(keys)
         self._np_keys = tuple(np.uint64(k) for k in keys)
         self._np_masks = tuple(np.uint64(m) for m in self._masks)
+        #: The permutation itself, up to TABLE_UP_TO positions (None past it).
+        self._table = self._draw_table() if self.n <= TABLE_UP_TO else None
+
+    def _draw_table(self) -> np.ndarray:
+        """The positions sorted by splitmix64 of ``(position + 1) * golden + salt``:
+        the hashes of distinct positions are distinct (each step is a bijection
+        of 64 bits), so the order has no ties, and it is a uniform shuffle."""
+        z = np.arange(1, self.n + 1, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            z *= np.uint64(_GOLDEN)
+            z += np.uint64(_splitmix(self.key ^ _TABLE_SALT))
+            z ^= z >> np.uint64(30)
+            z *= _M1
+            z ^= z >> np.uint64(27)
+            z *= _M2
+            z ^= z >> np.uint64(31)
+        table = np.argsort(z, kind="stable").astype(np.int64)
+        table.flags.writeable = False
+        return table
 
     def __len__(self) -> int:
         # (len() stops at sys.maxsize; a permutation past it still maps positions, and says so)
@@ -141,6 +174,8 @@ class KeyedPermutation:
             i += self.n
         if not 0 <= i < self.n:
             raise IndexError(f"position {position} is outside a permutation of {self.n}")
+        if self._table is not None:
+            return int(self._table[i])
         x = self._feistel(i)
         while x >= self.n:
             x = self._feistel(x)
@@ -192,6 +227,8 @@ class KeyedPermutation:
         if given.size and ((given.dtype.kind == "i" and int(given.min()) < 0) or int(given.max()) >= self.n):
             low, high = int(given.min()), int(given.max())
             raise IndexError(f"positions {low}..{high} reach outside a permutation of {self.n} (positions 0..n-1)")
+        if self._table is not None:
+            return self._table[given.astype(np.intp)]
         flat = given.astype(np.uint64, copy=True).reshape(-1)
         for start in range(0, flat.size, _CHUNK_ITEMS):
             self._map_chunk(flat[start : start + _CHUNK_ITEMS])
@@ -211,6 +248,8 @@ class KeyedPermutation:
             raise IndexError(
                 f"block [{start}, {stop}) is not inside a permutation of {self.n} (0 <= start <= stop <= n)"
             )
+        if self._table is not None:
+            return self._table[start:stop].copy()
         x = np.arange(stop - start, dtype=np.uint64)
         x += np.uint64(start)
         for first in range(0, x.size, _CHUNK_ITEMS):

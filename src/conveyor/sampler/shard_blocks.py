@@ -125,9 +125,13 @@ class ShardBlockSampler(_Resumable, Sampler[int]):
                 f"ShardBlockSampler needs a ShardDataset (or a dataset with firsts: where each shard's samples "
                 f"begin, and the total at the end), got {type(dataset).__name__}"
             )
-        sizes = np.diff(np.asarray(firsts, dtype=np.int64))
-        if sizes.size == 0 or int(sizes.min()) < 0:
-            raise ValueError(f"ShardBlockSampler: the dataset's firsts {list(firsts)[:8]} are not shard boundaries")
+        starts = np.asarray(firsts, dtype=np.int64).reshape(-1)
+        sizes = np.diff(starts)
+        if sizes.size == 0 or int(sizes.min()) < 0 or int(starts[0]) != 0:
+            raise ValueError(
+                f"ShardBlockSampler: the dataset's firsts {list(firsts)[:8]} are not shard boundaries (from 0, "
+                f"not decreasing, the total at the end)"
+            )
         self.dataset = dataset
         self.shards_per_window = check_shards_per_window(shards_per_window, "ShardBlockSampler")
         self.seed = _check_int("seed", seed)
@@ -170,10 +174,20 @@ class ShardBlockSampler(_Resumable, Sampler[int]):
         gets its share of the rest (padded or cut for this job's size), after
         as many places as the saved position (so the loader's count of
         batches goes on from there). The epochs after it are whole."""
+        before = self._pending, self.loaded_from_another_size
         self._pending, self.loaded_from_another_size, state = resumed_span(
             type(self).__name__, state, self.num_replicas, self.blocks.num_samples
         )
-        super().load_state_dict(state)
+        try:
+            super().load_state_dict(state)  # (every other setting must match; it reads the span's length)
+        except BaseException:
+            self._pending, self.loaded_from_another_size = before  # (refused: nothing changed)
+            raise
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if self._resume is None:  # (a resume point of another size dropped: its span goes with it)
+            self._pending = None
 
     def _span_now(self) -> _Span:
         """The span of the iteration loaded or running (that of a whole epoch when none)."""

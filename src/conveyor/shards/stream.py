@@ -84,8 +84,10 @@ class ShardStream(IterableDataset):
     ahead), every sample comes once, and each window's samples come in the
     same order for any number of workers; which worker's window a batch
     comes from depends on the number of workers, as for any
-    IterableDataset. With one reader (``num_workers=0``, one rank) the order
-    is ShardBlockSampler's, sample for sample."""
+    IterableDataset. With one reader (``num_workers=0``, one rank),
+    ``shuffle_shards=True`` and the sampler's seed, the order is
+    ShardBlockSampler's, sample for sample (the sampler always shuffles the
+    shards; without ``shuffle_shards`` the windows come in shard order)."""
 
     def __init__(
         self,

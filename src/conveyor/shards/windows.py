@@ -10,16 +10,18 @@ window's samples in its keyed permutation.
                               ShardDataset[i] checks it, decoded and transformed
                           ──▶ leaving a window: its shards let go (their open files, local copies)
 
-The reader saves where it stands, in a few integers: the fingerprint of
-this worker's shards (their count and CRC-32, to check that a state fits),
-the window it is in and the next position in it; a resumed reader goes on
-from the sample after the last one delivered.
+The reader saves where it stands, in a few integers: the epoch and the
+fingerprint of this worker's shards (their count and CRC-32), to check that
+a state fits (without shuffled shards, each epoch has the same windows, but
+their samples in another order), the window it is in and the next position
+in it; a resumed reader goes on from the sample after the last one delivered.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence, Sized
 
+from ..sampler.arguments import is_int
 from ..sampler.block_order import BlockEpoch
 from ..sampler.fingerprint import values_crc32
 
@@ -128,6 +130,7 @@ class WindowReader:
     def state_dict(self) -> dict:
         return {
             "shards_per_window": self._stream.shards_per_window,
+            "epoch": self._order.epoch,
             "num_shards": len(self._shards),
             "shards_crc32": self._shards_crc32,
             "position": self._position,
@@ -138,15 +141,31 @@ class WindowReader:
         check_window(state, self._stream.shards_per_window)
         mine = {"num_shards": len(self._shards), "shards_crc32": self._shards_crc32}
         saved = {key: state.get(key) for key in mine}
+        if state.get("epoch", self._order.epoch) != self._order.epoch:  # (a state saved before it was recorded: none)
+            raise ValueError(
+                f"ShardStream.load_state_dict: the state was saved in epoch {state['epoch']} and this stream is in "
+                f"epoch {self._order.epoch}, whose windows hold their samples in another order; call "
+                f"stream.set_epoch({state['epoch']}) before iter(stream) to resume it"
+            )
         if saved != mine:
             raise ValueError(
                 f"ShardStream.load_state_dict: the state was saved by a reader of other shards ({saved}; this "
                 f"worker's: {mine}): another shuffle seed, epoch, number of workers or ranks; resume with the "
                 f"settings that saved it"
             )
+        position: Any = state.get("position")
+        sample: Any = state.get("sample")
+        count = len(self._windows)
+        if not (is_int(position) and is_int(sample) and 0 <= position <= count and 0 <= sample) or sample > (
+            len(self._order.window_span(self._windows[position])) if position < count else 0
+        ):  # (a sample outside its window's span would read another window's shards: another worker's)
+            raise ValueError(
+                f"ShardStream.load_state_dict: the state's window {position!r} and sample {sample!r} are outside "
+                f"this worker's {count} windows; pass a state its state_dict() returned"
+            )
         if self._entered is not None:
             self._leave(self._entered)
-        self._position, self._sample = int(state["position"]), int(state["sample"])
+        self._position, self._sample = int(position), int(sample)
 
 
 def check_window(state: Mapping[str, Any], shards_per_window: Optional[int]) -> None:
