@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -38,7 +39,10 @@ def many(tmp_path_factory):
     for k in range(SHARDS):
         with open(out / f"s{k:06d}.tar", "wb") as f:
             f.write(one_sample_shard(k))
-    return out
+    yield out
+    # Removed here, beside the other tests, rather than by pytest's clean-up of old runs' folders, which
+    # unlinks all 70,000 in one process while nothing else runs (seconds, at a run's start or end).
+    shutil.rmtree(out, ignore_errors=True)
 
 
 READ = textwrap.dedent("""
