@@ -236,6 +236,8 @@ _LEAK_SCRIPT = textwrap.dedent(
 )
 
 
+# (the machine's Shmem measured: another test's workers allocating or giving theirs back beside would count)
+@pytest.mark.serial
 @pytest.mark.parametrize("mode", ["normal", "break", "raise", "kill-worker", "kill-main"])
 def test_no_shared_memory_left_behind(tmp_path, mode):
     script = tmp_path / "leak.py"
